@@ -1,0 +1,26 @@
+"""The Rust core (PyO3). Private: use the functions of ``tinker_rl_data``."""
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+
+def compute_advantages(groups: Any, normalize: bool, /) -> list[list[float]]: ...
+def reward_metrics(groups: Any, /) -> tuple[float, float, int, int] | None: ...
+def assemble(
+    groups: Any, advantages: Any, model_inputs: bool, /
+) -> tuple[
+    list[list[int]] | None,
+    npt.NDArray[np.int64] | None,
+    npt.NDArray[np.int64],
+    npt.NDArray[np.float32],
+    npt.NDArray[np.float32],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+    int,
+]: ...
+def _panic_probe() -> None: ...
