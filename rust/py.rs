@@ -1,18 +1,19 @@
 //! The Python-facing functions (exported without the `py_` prefix): walk the
-//! user's groups, hand flat buffers to the numeric core, return numpy arrays.
+//! user's groups, write rows straight into numpy buffers, return them.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use numpy::{PyArray1, ToPyArray};
+use numpy::{PyArray1, PyArrayMethods, ToPyArray};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
-use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
 use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple, PyType};
 
 use crate::advantages::{extend_group_advantages, reward_stats};
+use crate::datums::{build_datums, DatumClasses};
 use crate::error::{ErrorKind, InputError, Location};
-use crate::read::{attr, model_input_list, read_fitted_logprobs, read_real, read_tokens, ItemKind, Items};
-use crate::rows::{fill_rows, TurnSpan};
+use crate::read::{attr, read_logprobs, read_real, read_tokens, IntList, ItemKind, Items};
+use crate::rows::{fill_advantages, row_offsets, RowMut, TurnShape};
 
 #[cold]
 pub fn input_error(e: InputError) -> PyErr {
@@ -35,20 +36,25 @@ fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     })
 }
 
+fn trajectories_of<'py>(groups: &Items<'py>, g: usize) -> PyResult<Items<'py>> {
+    let at = Location::group(g);
+    let trajectories = attr(&groups.get_bound(g)?, intern!(groups.py(), "trajectories"), at)?;
+    Items::of(&trajectories, "trajectories", ItemKind::Object, at)
+}
+
+fn reward_of(trajectory: &Bound<'_, PyAny>, at: Location) -> PyResult<f64> {
+    read_real(&attr(trajectory, intern!(trajectory.py(), "reward"), at)?, "reward", false, at)
+}
+
 /// Each group's trajectory count and all rewards, in order, checked.
 fn read_rewards(groups: &Bound<'_, PyAny>) -> PyResult<(Vec<usize>, Vec<f64>)> {
-    let py = groups.py();
     let groups = Items::of(groups, "trajectory_groups", ItemKind::Object, Location::BATCH)?;
     let mut sizes = Vec::with_capacity(groups.len());
     let mut rewards = Vec::new();
     for g in 0..groups.len() {
-        let at = Location::group(g);
-        let trajectories = attr(&groups.get_bound(g)?, intern!(py, "trajectories"), at)?;
-        let trajectories = Items::of(&trajectories, "trajectories", ItemKind::Object, at)?;
+        let trajectories = trajectories_of(&groups, g)?;
         for t in 0..trajectories.len() {
-            let at = Location::trajectory(g, t);
-            let reward = attr(&trajectories.get_bound(t)?, intern!(py, "reward"), at)?;
-            rewards.push(read_real(&reward, "reward", false, at)?);
+            rewards.push(reward_of(&trajectories.get_bound(t)?, Location::trajectory(g, t))?);
         }
         sizes.push(trajectories.len());
     }
@@ -59,13 +65,14 @@ fn read_rewards(groups: &Bound<'_, PyAny>) -> PyResult<(Vec<usize>, Vec<f64>)> {
 pub fn py_compute_advantages(groups: &Bound<'_, PyAny>, normalize: bool) -> PyResult<Vec<Vec<f64>>> {
     guarded(|| {
         let (sizes, rewards) = read_rewards(groups)?;
+        let mut rest = &rewards[..];
         let mut out = Vec::with_capacity(sizes.len());
-        let mut start = 0;
         for size in sizes {
+            let (group, tail) = rest.split_at(size);
             let mut advantages = Vec::with_capacity(size);
-            extend_group_advantages(&rewards[start..start + size], normalize, &mut advantages);
+            extend_group_advantages(group, normalize, &mut advantages);
             out.push(advantages);
-            start += size;
+            rest = tail;
         }
         Ok(out)
     })
@@ -81,139 +88,213 @@ pub fn py_reward_metrics(groups: &Bound<'_, PyAny>) -> PyResult<Option<(f64, f64
     })
 }
 
-/// Everything read from the batch, validated, before any row is filled.
-#[derive(Default)]
-struct Batch<'py> {
-    spans: Vec<TurnSpan>,
-    tokens: Vec<i32>,
-    logprobs: Vec<f32>,
-    model_inputs: Vec<Bound<'py, PyList>>,
-    /// (group, trajectory, turn) of each kept turn.
-    index: [Vec<i64>; 3],
-    fitted_turns: usize,
+/// A turn, found and its sequences opened, not yet read.
+struct TurnPlan<'py> {
+    prompt: Items<'py>,
+    completion: Items<'py>,
+    logprobs: Items<'py>,
+    at: Location,
+    advantage: f32,
 }
 
-fn read_batch<'py>(
-    groups: &Bound<'py, PyAny>,
-    advantages: &Bound<'py, PyAny>,
-    with_model_inputs: bool,
-) -> PyResult<Batch<'py>> {
+impl TurnPlan<'_> {
+    fn shape(&self) -> TurnShape {
+        TurnShape { prompt_len: self.prompt.len(), completion_len: self.completion.len() }
+    }
+}
+
+/// The batch's structure: every turn (kept or not, all are checked), each
+/// group's tags; rewards and advantages checked on the way.
+struct Plan<'py> {
+    turns: Vec<TurnPlan<'py>>,
+    tags: Vec<Option<Bound<'py, PyAny>>>,
+}
+
+fn plan_batch<'py>(groups: &Bound<'py, PyAny>, advantages: &Bound<'py, PyAny>, with_tags: bool) -> PyResult<Plan<'py>> {
     let py = groups.py();
     let groups = Items::of(groups, "trajectory_groups", ItemKind::Object, Location::BATCH)?;
     let advantages = Items::of(advantages, "advantages", ItemKind::Object, Location::BATCH)?;
     if advantages.len() != groups.len() {
-        return Err(input_error(InputError::new(
-            ErrorKind::Value,
-            Location::BATCH,
-            format!("advantages has {} groups for {} trajectory groups", advantages.len(), groups.len()),
-        )));
+        let message = format!("advantages has {} groups for {} trajectory groups", advantages.len(), groups.len());
+        return Err(input_error(InputError::new(ErrorKind::Value, Location::BATCH, message)));
     }
-    let mut batch = Batch::default();
+    let mut plan = Plan { turns: Vec::new(), tags: Vec::new() };
     for g in 0..groups.len() {
         let at = Location::group(g);
-        let trajectories = attr(&groups.get_bound(g)?, intern!(py, "trajectories"), at)?;
-        let trajectories = Items::of(&trajectories, "trajectories", ItemKind::Object, at)?;
+        let trajectories = trajectories_of(&groups, g)?;
         let group_advantages = Items::of(&advantages.get_bound(g)?, "advantages", ItemKind::Real, at)?;
         if group_advantages.len() != trajectories.len() {
-            return Err(input_error(InputError::new(
-                ErrorKind::Value,
-                at,
-                format!("advantages has {} entries for {} trajectories", group_advantages.len(), trajectories.len()),
-            )));
+            let message =
+                format!("advantages has {} entries for {} trajectories", group_advantages.len(), trajectories.len());
+            return Err(input_error(InputError::new(ErrorKind::Value, at, message)));
+        }
+        if with_tags {
+            plan.tags.push(groups.get_bound(g)?.getattr_opt(intern!(py, "tags"))?.filter(|t| !t.is_none()));
         }
         for t in 0..trajectories.len() {
             let at = Location::trajectory(g, t);
             let trajectory = trajectories.get_bound(t)?;
-            read_real(&attr(&trajectory, intern!(py, "reward"), at)?, "reward", false, at)?;
+            reward_of(&trajectory, at)?;
             let advantage = read_real(&group_advantages.get_bound(t)?, "advantage", true, at)? as f32;
-            let turns = attr(&trajectory, intern!(py, "turns"), at)?;
-            let turns = Items::of(&turns, "turns", ItemKind::Object, at)?;
+            let turns = Items::of(&attr(&trajectory, intern!(py, "turns"), at)?, "turns", ItemKind::Object, at)?;
             for u in 0..turns.len() {
-                read_turn(&turns.get_bound(u)?, Location::turn(g, t, u), advantage, with_model_inputs, &mut batch)?;
+                let at = Location::turn(g, t, u);
+                let turn = turns.get_bound(u)?;
+                let field = |name, kind| Items::of(&attr(&turn, name, at)?, &name.to_string_lossy(), kind, at);
+                plan.turns.push(TurnPlan {
+                    prompt: field(intern!(py, "prompt_tokens"), ItemKind::Token)?,
+                    completion: field(intern!(py, "completion_tokens"), ItemKind::Token)?,
+                    logprobs: field(intern!(py, "logprobs"), ItemKind::Real)?,
+                    at,
+                    advantage,
+                });
             }
         }
     }
-    Ok(batch)
+    Ok(plan)
 }
 
-fn read_turn<'py>(
-    turn: &Bound<'py, PyAny>,
-    at: Location,
-    advantage: f32,
-    with_model_inputs: bool,
-    batch: &mut Batch<'py>,
-) -> PyResult<()> {
-    let py = turn.py();
-    let prompt = Items::of(&attr(turn, intern!(py, "prompt_tokens"), at)?, "prompt_tokens", ItemKind::Token, at)?;
-    let completion =
-        Items::of(&attr(turn, intern!(py, "completion_tokens"), at)?, "completion_tokens", ItemKind::Token, at)?;
-    let logprobs = Items::of(&attr(turn, intern!(py, "logprobs"), at)?, "logprobs", ItemKind::Real, at)?;
-
-    let start = batch.tokens.len();
-    let prompt_exact = read_tokens(&prompt, "prompt_tokens", at, &mut batch.tokens)?;
-    let completion_exact = read_tokens(&completion, "completion_tokens", at, &mut batch.tokens)?;
-    let (p, c) = (prompt.len(), completion.len());
-    if !TurnSpan::is_kept(p, c) {
-        // Still checked, but no row: drop its tokens and vet its logprobs.
-        batch.tokens.truncate(start);
-        read_fitted_logprobs(&logprobs, 0, at, &mut Vec::new())?;
-        return Ok(());
-    }
-    if with_model_inputs {
-        // Built before the logprobs are read: reading those may run user
-        // code (__float__), which must not change the lists under us.
-        let values = &batch.tokens[start..];
-        batch.model_inputs.push(model_input_list(py, &prompt, &completion, values, prompt_exact && completion_exact)?);
-    }
-    if read_fitted_logprobs(&logprobs, c, at, &mut batch.logprobs)? {
-        batch.fitted_turns += 1;
-    }
-    batch.spans.push(TurnSpan { prompt_len: p, completion_len: c, advantage });
-    let (g, t, u) = (at.group.unwrap_or(0), at.trajectory.unwrap_or(0), at.turn.unwrap_or(0));
-    for (column, value) in batch.index.iter_mut().zip([g, t, u]) {
-        column.push(value as i64);
-    }
-    Ok(())
+/// The rows of a planned batch, in numpy arrays; `input_tokens` and
+/// `model_inputs` only as asked.
+struct Assembled<'py> {
+    kept: Vec<Location>,
+    input_tokens: Option<Bound<'py, PyArray1<i64>>>,
+    model_inputs: Vec<Bound<'py, PyList>>,
+    targets: Bound<'py, PyArray1<i64>>,
+    logprobs: Bound<'py, PyArray1<f32>>,
+    advantages: Bound<'py, PyArray1<f32>>,
+    offsets: Vec<i64>,
+    fitted_turns: usize,
 }
 
-/// Reads and checks the whole batch, then fills the rows with the GIL
-/// released. Returns `(model_inputs, input_tokens, target_tokens, logprobs,
-/// advantages, row_offsets, group_idx, traj_idx, turn_idx, fitted_turns)`;
-/// `model_inputs` (a list of int lists) when asked for, else `input_tokens`
-/// (flat int64), the other one `None`.
-#[pyfunction(name = "assemble")]
-pub fn py_assemble<'py>(
-    groups: &Bound<'py, PyAny>,
-    advantages: &Bound<'py, PyAny>,
-    model_inputs: bool,
-) -> PyResult<Bound<'py, PyTuple>> {
+fn assemble_rows<'py>(py: Python<'py>, plan: &Plan<'py>, with_input_tokens: bool, with_model_inputs: bool) -> PyResult<Assembled<'py>> {
+    let kept: Vec<&TurnPlan> = plan.turns.iter().filter(|t| t.shape().is_kept()).collect();
+    let shapes: Vec<TurnShape> = kept.iter().map(|t| t.shape()).collect();
+    let offsets = row_offsets(&shapes);
+    let total = *offsets.last().unwrap() as usize;
+    // numpy's allocator asks the kernel for huge pages on large arrays:
+    // far fewer page faults than a plain Vec (measured in bench/).
+    let input_tokens = with_input_tokens.then(|| PyArray1::<i64>::zeros(py, total, false));
+    let targets = PyArray1::<i64>::zeros(py, total, false);
+    let logprobs = PyArray1::<f32>::zeros(py, total, false);
+    let advantages = PyArray1::<f32>::zeros(py, total, false);
+    // Safety: the arrays are new and not shared with Python code until
+    // returned; nothing else can view them while these slices live.
+    let (input_slice, target_slice, logprob_slice, advantage_slice) = unsafe {
+        (
+            match &input_tokens {
+                Some(a) => a.as_slice_mut()?,
+                None => &mut [][..],
+            },
+            targets.as_slice_mut()?,
+            logprobs.as_slice_mut()?,
+            advantages.as_slice_mut()?,
+        )
+    };
+    let mut model_inputs = Vec::with_capacity(if with_model_inputs { kept.len() } else { 0 });
+    let mut fitted_turns = 0;
+    let mut row = 0;
+    for turn in &plan.turns {
+        let shape = turn.shape();
+        let at = turn.at;
+        if !shape.is_kept() {
+            read_tokens(&turn.prompt, "prompt_tokens", at, |_, _, _| Ok(()))?;
+            read_tokens(&turn.completion, "completion_tokens", at, |_, _, _| Ok(()))?;
+            read_logprobs(&turn.logprobs, at, |_, _| ())?;
+            continue;
+        }
+        let span = offsets[row] as usize..offsets[row + 1] as usize;
+        let n = span.len();
+        let inputs = if input_slice.is_empty() { &mut [][..] } else { &mut input_slice[span.clone()] };
+        let mut writer = RowMut::new(shape, inputs, &mut target_slice[span.clone()], &mut logprob_slice[span]);
+        let mut list = if with_model_inputs { Some(IntList::new(py, n)?) } else { None };
+        let p = shape.prompt_len;
+        let mut put = |i: usize, v: i64, item| {
+            writer.set_token(i, v);
+            match &mut list {
+                Some(list) if i < n => list.set(i, v, item),
+                _ => Ok(()),
+            }
+        };
+        read_tokens(&turn.prompt, "prompt_tokens", at, |i, v, item| put(i, v, item))?;
+        read_tokens(&turn.completion, "completion_tokens", at, |i, v, item| put(p + i, v, item))?;
+        let c = shape.completion_len;
+        read_logprobs(&turn.logprobs, at, |k, v| {
+            if k < c {
+                writer.set_logprob(k, v)
+            }
+        })?;
+        if turn.logprobs.len() != c {
+            fitted_turns += 1;
+        }
+        if let Some(list) = list {
+            model_inputs.push(list.into_list());
+        }
+        row += 1;
+    }
+    let row_advantages: Vec<f32> = kept.iter().map(|t| t.advantage).collect();
+    py.detach(|| fill_advantages(&shapes, &row_advantages, &offsets, advantage_slice));
+    Ok(Assembled {
+        kept: kept.iter().map(|t| t.at).collect(),
+        input_tokens,
+        model_inputs,
+        targets,
+        logprobs,
+        advantages,
+        offsets,
+        fitted_turns,
+    })
+}
+
+fn index_column<'py>(py: Python<'py>, kept: &[Location], part: impl Fn(&Location) -> Option<usize>) -> Bound<'py, PyAny> {
+    let column: Vec<i64> = kept.iter().map(|at| part(at).unwrap_or(0) as i64).collect();
+    column.to_pyarray(py).into_any()
+}
+
+/// The rows as flat arrays: `(input_tokens, target_tokens, logprobs,
+/// advantages, row_offsets, group_idx, traj_idx, turn_idx, fitted_turns)`.
+#[pyfunction(name = "assemble_arrays")]
+pub fn py_assemble_arrays<'py>(groups: &Bound<'py, PyAny>, advantages: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
     guarded(|| {
         let py = groups.py();
-        let batch = read_batch(groups, advantages, model_inputs)?;
-        let Batch { spans, tokens, logprobs, model_inputs: lists, index, fitted_turns } = batch;
-        let rows = py.detach(|| fill_rows(&spans, &tokens, &logprobs, !model_inputs));
-        drop((tokens, logprobs));
-        let (model_inputs, input_tokens): (Bound<'py, PyAny>, Bound<'py, PyAny>) = if model_inputs {
-            (PyList::new(py, lists)?.into_any(), py.None().into_bound(py))
-        } else {
-            (py.None().into_bound(py), PyArray1::from_vec(py, rows.input_tokens).into_any())
-        };
-        let [group_idx, traj_idx, turn_idx] = index;
+        let plan = plan_batch(groups, advantages, false)?;
+        let rows = assemble_rows(py, &plan, true, false)?;
         PyTuple::new(
             py,
             [
-                model_inputs,
-                input_tokens,
-                PyArray1::from_vec(py, rows.targets).into_any(),
-                PyArray1::from_vec(py, rows.logprobs).into_any(),
-                PyArray1::from_vec(py, rows.advantages).into_any(),
-                PyArray1::from_vec(py, rows.offsets).into_any(),
-                group_idx.to_pyarray(py).into_any(),
-                traj_idx.to_pyarray(py).into_any(),
-                turn_idx.to_pyarray(py).into_any(),
-                fitted_turns.into_pyobject(py)?.into_any(),
+                rows.input_tokens.expect("asked for").into_any(),
+                rows.targets.into_any(),
+                rows.logprobs.into_any(),
+                rows.advantages.into_any(),
+                rows.offsets.to_pyarray(py).into_any(),
+                index_column(py, &rows.kept, |at| at.group),
+                index_column(py, &rows.kept, |at| at.trajectory),
+                index_column(py, &rows.kept, |at| at.turn),
+                rows.fitted_turns.into_pyobject(py)?.into_any(),
             ],
         )
+    })
+}
+
+/// `(datums, metadata, fitted_turns)`, built straight into the classes
+/// given (tinker's `Datum`, `ModelInput`, `EncodedTextChunk`, `TensorData`
+/// and our `DatumMetadata`), filling the fields their constructors would.
+#[pyfunction(name = "assemble_datums")]
+pub fn py_assemble_datums<'py>(
+    groups: &Bound<'py, PyAny>,
+    advantages: &Bound<'py, PyAny>,
+    classes: (Bound<'py, PyType>, Bound<'py, PyType>, Bound<'py, PyType>, Bound<'py, PyType>, Bound<'py, PyType>),
+) -> PyResult<Bound<'py, PyTuple>> {
+    guarded(|| {
+        let py = groups.py();
+        let plan = plan_batch(groups, advantages, true)?;
+        let rows = assemble_rows(py, &plan, false, true)?;
+        let (datum, model_input, chunk, tensor_data, metadata) = classes;
+        let classes = DatumClasses { datum, model_input, chunk, tensor_data, metadata };
+        let columns = [rows.targets.as_any(), rows.logprobs.as_any(), rows.advantages.as_any()];
+        let (datums, metadata) =
+            build_datums(&classes, rows.model_inputs, columns, &rows.offsets, &rows.kept, &plan.tags)?;
+        PyTuple::new(py, [datums.into_any(), metadata.into_any(), rows.fitted_turns.into_pyobject(py)?.into_any()])
     })
 }
 

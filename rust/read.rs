@@ -2,8 +2,6 @@
 //! 1-D numpy array, any iterable) and their scalars, with located errors.
 //! The per-item loops use the C API directly: this is where the time goes.
 
-use std::os::raw::c_long;
-
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyAttributeError, PyTypeError};
 use pyo3::prelude::*;
@@ -19,11 +17,8 @@ pub const MAX_TOKEN: i64 = i32::MAX as i64;
 pub fn attr<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>, at: Location) -> PyResult<Bound<'py, PyAny>> {
     obj.getattr(name).map_err(|e| {
         if e.is_instance_of::<PyAttributeError>(obj.py()) {
-            input_error(InputError::new(
-                ErrorKind::Type,
-                at,
-                format!("{} object has no attribute '{}'", type_name(obj), name.to_string_lossy()),
-            ))
+            let message = format!("{} object has no attribute '{}'", type_name(obj), name.to_string_lossy());
+            input_error(InputError::new(ErrorKind::Type, at, message))
         } else {
             e
         }
@@ -56,28 +51,7 @@ impl<'py> Items<'py> {
         }
         let py = obj.py();
         if let Ok(array) = obj.cast::<PyUntypedArray>() {
-            if array.ndim() != 1 {
-                return Err(input_error(InputError::new(
-                    ErrorKind::Value,
-                    at,
-                    format!("{what} must be 1-D, got an array of shape {:?}", array.shape()),
-                )));
-            }
-            let dtype_kind = array.dtype().kind();
-            let accepted: &[u8] = match kind {
-                ItemKind::Token => b"iubO",
-                ItemKind::Real => b"iubfO",
-                ItemKind::Object => b"O",
-            };
-            if !accepted.contains(&dtype_kind) {
-                let dtype = array.dtype().str()?.to_string();
-                let expected = if kind == ItemKind::Token { "an integer" } else { "a real" };
-                return Err(input_error(InputError::new(
-                    ErrorKind::Type,
-                    at,
-                    format!("{what} has dtype {dtype}, not {expected} dtype"),
-                )));
-            }
+            check_array(array, what, kind, at)?;
             // tolist() gives exact Python ints and floats: the list path.
             return Ok(Items::List(obj.call_method0(intern!(py, "tolist"))?.cast_into::<PyList>()?));
         }
@@ -85,10 +59,7 @@ impl<'py> Items<'py> {
             return Err(not_a_sequence(obj, what, at));
         }
         match obj.try_iter() {
-            Ok(iter) => {
-                let items = iter.collect::<PyResult<Vec<_>>>()?;
-                Ok(Items::List(PyList::new(py, items)?))
-            }
+            Ok(iter) => Ok(Items::List(PyList::new(py, iter.collect::<PyResult<Vec<_>>>()?)?)),
             Err(e) if e.is_instance_of::<PyTypeError>(py) => Err(not_a_sequence(obj, what, at)),
             Err(e) => Err(e),
         }
@@ -122,7 +93,7 @@ impl<'py> Items<'py> {
         Ok(unsafe { Bound::from_borrowed_ptr(self.py(), item) })
     }
 
-    fn py(&self) -> Python<'py> {
+    pub fn py(&self) -> Python<'py> {
         match self {
             Items::List(l) => l.py(),
             Items::Tuple(t) => t.py(),
@@ -130,171 +101,203 @@ impl<'py> Items<'py> {
     }
 }
 
-#[cold]
-fn not_a_sequence(obj: &Bound<'_, PyAny>, what: &str, at: Location) -> PyErr {
-    input_error(InputError::new(
-        ErrorKind::Type,
-        at,
-        format!("{what} must be a sequence, got {}", type_name(obj)),
-    ))
+fn check_array(array: &Bound<'_, PyUntypedArray>, what: &str, kind: ItemKind, at: Location) -> PyResult<()> {
+    if array.ndim() != 1 {
+        let message = format!("{what} must be 1-D, got an array of shape {:?}", array.shape());
+        return Err(input_error(InputError::new(ErrorKind::Value, at, message)));
+    }
+    let (accepted, expected): (&[u8], &str) = match kind {
+        ItemKind::Token => (b"iubO", "an integer"),
+        ItemKind::Real => (b"iubfO", "a real"),
+        ItemKind::Object => (b"O", "an object"),
+    };
+    if !accepted.contains(&array.dtype().kind()) {
+        let dtype = array.dtype().str()?.to_string();
+        let message = format!("{what} has dtype {dtype}, not {expected} dtype");
+        return Err(input_error(InputError::new(ErrorKind::Type, at, message)));
+    }
+    Ok(())
 }
 
-/// Appends every token of `items` to `out`, checking each is an int in
-/// `0..=MAX_TOKEN`. Returns whether all were exact ints, whose objects the
-/// model input can then share.
-pub fn read_tokens(items: &Items<'_>, what: &str, at: Location, out: &mut Vec<i32>) -> PyResult<bool> {
-    let n = items.len();
-    out.reserve(n);
-    let mut all_exact = true;
-    for i in 0..n {
+#[cold]
+fn not_a_sequence(obj: &Bound<'_, PyAny>, what: &str, at: Location) -> PyErr {
+    let message = format!("{what} must be a sequence, got {}", type_name(obj));
+    input_error(InputError::new(ErrorKind::Type, at, message))
+}
+
+/// Names an item of a field in messages: `prompt_tokens[5]`.
+#[derive(Clone, Copy)]
+pub struct Item<'a> {
+    pub field: &'a str,
+    pub index: usize,
+}
+
+/// Reads every token of `items`, checking each is an int in
+/// `0..=MAX_TOKEN`, and hands `(i, value, item)` to `sink` (`item` borrowed).
+#[inline(always)]
+pub fn read_tokens(
+    items: &Items<'_>,
+    field: &str,
+    at: Location,
+    mut sink: impl FnMut(usize, i64, *mut ffi::PyObject) -> PyResult<()>,
+) -> PyResult<()> {
+    for i in 0..items.len() {
         let item = items.get(i)?;
-        let exact = unsafe { ffi::PyLong_CheckExact(item) } != 0;
-        let value = if exact {
+        let value = if unsafe { ffi::PyLong_CheckExact(item) } != 0 {
             let mut overflow = 0;
             let v = unsafe { ffi::PyLong_AsLongLongAndOverflow(item, &mut overflow) };
             if overflow != 0 { None } else { Some(v) }
         } else {
-            all_exact = false;
             index_value(items.py(), item)?
         };
         match value {
-            Some(v) if (0..=MAX_TOKEN).contains(&v) => out.push(v as i32),
-            _ => return Err(bad_token(&items.get_bound(i)?, what, i, at)),
+            Some(v) if (0..=MAX_TOKEN).contains(&v) => sink(i, v, item)?,
+            _ => return Err(bad_token(&items.get_bound(i)?, Item { field, index: i }, at)),
         }
     }
-    Ok(all_exact)
+    Ok(())
 }
 
-/// `operator.index(item)` as i64; `None` when it does not fit. Non-integers
-/// (floats, str, None, ...) are a `TypeError` raised by the caller.
+/// `operator.index(item)` as i64; `None` when it is no integer or does not
+/// fit in one (the caller then raises).
 #[cold]
 fn index_value(py: Python<'_>, item: *mut ffi::PyObject) -> PyResult<Option<i64>> {
-    let obj = unsafe { Bound::from_borrowed_ptr(py, item) };
     if unsafe { ffi::PyIndex_Check(item) } == 0 {
         return Ok(None);
     }
-    let index = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyNumber_Index(obj.as_ptr())) }?;
+    let index = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyNumber_Index(item)) }?;
     Ok(index.extract::<i64>().ok())
 }
 
 #[cold]
-fn bad_token(item: &Bound<'_, PyAny>, what: &str, i: usize, at: Location) -> PyErr {
-    let is_int = unsafe { ffi::PyIndex_Check(item.as_ptr()) } != 0;
-    let (kind, message) = if is_int {
-        (ErrorKind::Value, format!("token {} is outside 0..{MAX_TOKEN} ({what}[{i}])", describe(item)))
+fn bad_token(item: &Bound<'_, PyAny>, at_item: Item<'_>, at: Location) -> PyErr {
+    let Item { field, index } = at_item;
+    let (kind, message) = if unsafe { ffi::PyIndex_Check(item.as_ptr()) } != 0 {
+        (ErrorKind::Value, format!("token {} is outside 0..{MAX_TOKEN} ({field}[{index}])", describe(item)))
     } else {
-        (ErrorKind::Type, format!("token {} of type {} is not an integer ({what}[{i}])", describe(item), type_name(item)))
+        let message = format!("token {} of type {} is not an integer ({field}[{index}])", describe(item), type_name(item));
+        (ErrorKind::Type, message)
     };
     input_error(InputError::new(kind, at, message))
 }
 
-/// A finite real number, also finite once rounded to float32 (the wire
-/// dtype of logprobs and advantages) when `float32` is set.
-pub fn read_real(item: &Bound<'_, PyAny>, what: &str, float32: bool, at: Location) -> PyResult<f64> {
-    read_real_ptr(item.py(), item.as_ptr(), what, float32, at)
+/// Reads every logprob of `items` (each a real number, finite as float32)
+/// and hands `(k, value)` to `sink`.
+#[inline(always)]
+pub fn read_logprobs(items: &Items<'_>, at: Location, mut sink: impl FnMut(usize, f32)) -> PyResult<()> {
+    for k in 0..items.len() {
+        let item = items.get(k)?;
+        let v = if unsafe { ffi::PyFloat_CheckExact(item) } != 0 {
+            let v = unsafe { ffi::PyFloat_AsDouble(item) };
+            if !(v as f32).is_finite() {
+                return Err(not_finite(v, "logprob", true, Some(Item { field: "logprobs", index: k }), at));
+            }
+            v
+        } else {
+            real_value(items.py(), item, "logprob", true, Some(Item { field: "logprobs", index: k }), at)?
+        };
+        sink(k, v as f32);
+    }
+    Ok(())
 }
 
-#[inline(always)]
-fn read_real_ptr(py: Python<'_>, item: *mut ffi::PyObject, what: &str, float32: bool, at: Location) -> PyResult<f64> {
-    let v = unsafe { ffi::PyFloat_AsDouble(item) };
-    if v == -1.0 && unsafe { !ffi::PyErr_Occurred().is_null() } {
-        return Err(bad_real(py, item, what, at));
+/// A finite real number (also finite once rounded to float32, the wire
+/// dtype of advantages, when `float32` is set).
+pub fn read_real(item: &Bound<'_, PyAny>, what: &str, float32: bool, at: Location) -> PyResult<f64> {
+    real_value(item.py(), item.as_ptr(), what, float32, None, at)
+}
+
+fn real_value(
+    py: Python<'_>,
+    item: *mut ffi::PyObject,
+    what: &str,
+    float32: bool,
+    at_item: Option<Item<'_>>,
+    at: Location,
+) -> PyResult<f64> {
+    let is_text = unsafe { ffi::PyUnicode_Check(item) != 0 || ffi::PyBytes_Check(item) != 0 };
+    let v = if is_text { -1.0 } else { unsafe { ffi::PyFloat_AsDouble(item) } };
+    if is_text || (v == -1.0 && unsafe { !ffi::PyErr_Occurred().is_null() }) {
+        return Err(not_real(py, item, what, at_item, at));
     }
     let fits = if float32 { (v as f32).is_finite() } else { v.is_finite() };
     if !fits {
-        return Err(not_finite(v, what, float32, at));
+        return Err(not_finite(v, what, float32, at_item, at));
     }
     Ok(v)
 }
 
-#[cold]
-fn bad_real(py: Python<'_>, item: *mut ffi::PyObject, what: &str, at: Location) -> PyErr {
-    let err = PyErr::fetch(py);
-    if !err.is_instance_of::<PyTypeError>(py) {
-        return err;
-    }
-    let obj = unsafe { Bound::from_borrowed_ptr(py, item) };
-    input_error(InputError::new(
-        ErrorKind::Type,
-        at,
-        format!("{what} {} of type {} is not a real number", describe(&obj), type_name(&obj)),
-    ))
+fn suffix(at_item: Option<Item<'_>>) -> String {
+    at_item.map(|Item { field, index }| format!(" ({field}[{index}])")).unwrap_or_default()
 }
 
 #[cold]
-fn not_finite(v: f64, what: &str, float32: bool, at: Location) -> PyErr {
+fn not_real(py: Python<'_>, item: *mut ffi::PyObject, what: &str, at_item: Option<Item<'_>>, at: Location) -> PyErr {
+    // A TypeError (or none: str and bytes are refused before conversion)
+    // means "not a real number"; anything else the object raised goes up.
+    if let Some(err) = PyErr::take(py) {
+        if !err.is_instance_of::<PyTypeError>(py) {
+            return err;
+        }
+    }
+    let obj = unsafe { Bound::from_borrowed_ptr(py, item) };
+    let message = format!("{what} {} of type {} is not a real number{}", describe(&obj), type_name(&obj), suffix(at_item));
+    input_error(InputError::new(ErrorKind::Type, at, message))
+}
+
+#[cold]
+fn not_finite(v: f64, what: &str, float32: bool, at_item: Option<Item<'_>>, at: Location) -> PyErr {
     let message = if v.is_finite() && float32 {
-        format!("{what} {v:e} overflows float32")
+        format!("{what} {v:e} overflows float32{}", suffix(at_item))
     } else {
-        format!("{what} {} is not finite", py_float_repr(v))
+        format!("{what} {} is not finite{}", py_float_repr(v), suffix(at_item))
     };
     input_error(InputError::new(ErrorKind::Value, at, message))
 }
 
 fn py_float_repr(v: f64) -> String {
-    if v.is_nan() {
-        "nan".into()
-    } else if v.is_infinite() {
-        if v > 0.0 { "inf".into() } else { "-inf".into() }
-    } else {
-        v.to_string()
+    match v {
+        v if v.is_nan() => "nan".into(),
+        f64::INFINITY => "inf".into(),
+        f64::NEG_INFINITY => "-inf".into(),
+        v => v.to_string(),
     }
 }
 
-/// Appends the logprobs of `items` fitted to `len` (truncated, or padded
-/// with 0.0); every given logprob is checked, kept or not. Returns whether
-/// the length differed.
-pub fn read_fitted_logprobs(items: &Items<'_>, len: usize, at: Location, out: &mut Vec<f32>) -> PyResult<bool> {
-    let n = items.len();
-    out.reserve(len);
-    for i in 0..n {
-        let item = items.get(i)?;
-        let v = if unsafe { ffi::PyFloat_CheckExact(item) } != 0 {
-            let v = unsafe { ffi::PyFloat_AsDouble(item) };
-            if !(v as f32).is_finite() {
-                return Err(not_finite(v, &format!("logprob (logprobs[{i}])"), true, at));
-            }
-            v
-        } else {
-            read_real_ptr(items.py(), item, &format!("logprob (logprobs[{i}])"), true, at)?
-        };
-        if i < len {
-            out.push(v as f32);
-        }
-    }
-    out.extend(std::iter::repeat_n(0.0, len.saturating_sub(n)));
-    Ok(n != len)
+/// Builds a model input list slot by slot: the token objects themselves
+/// where they are exact ints (ints are immutable: `P + C[:-1]` in Python
+/// shares them too), new ints for bools and numpy integers.
+pub struct IntList<'py> {
+    list: Bound<'py, PyList>,
 }
 
-/// A new list `prompt + completion[:-1]` of exact ints: the objects
-/// themselves where they already are exact ints (ints are immutable), new
-/// ints from the validated `values` otherwise.
-pub fn model_input_list<'py>(
-    py: Python<'py>,
-    prompt: &Items<'py>,
-    completion: &Items<'py>,
-    values: &[i32],
-    all_exact: bool,
-) -> PyResult<Bound<'py, PyList>> {
-    let n = values.len() - 1;
-    let p = prompt.len();
-    let list = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyList_New(n as ffi::Py_ssize_t))? };
-    for i in 0..n {
-        let obj = if all_exact {
-            let item = if i < p { prompt.get(i)? } else { completion.get(i - p)? };
+impl<'py> IntList<'py> {
+    pub fn new(py: Python<'py>, len: usize) -> PyResult<Self> {
+        // A new list's slots are NULL until set; dropping it early is safe.
+        let list = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len as ffi::Py_ssize_t))? };
+        Ok(IntList { list: list.cast_into::<PyList>()? })
+    }
+
+    #[inline(always)]
+    pub fn set(&mut self, i: usize, value: i64, item: *mut ffi::PyObject) -> PyResult<()> {
+        let obj = if unsafe { ffi::PyLong_CheckExact(item) } != 0 {
             unsafe { ffi::Py_IncRef(item) };
             item
         } else {
-            let item = unsafe { ffi::PyLong_FromLong(values[i] as c_long) };
-            if item.is_null() {
-                return Err(PyErr::fetch(py));
+            let obj = unsafe { ffi::PyLong_FromLongLong(value) };
+            if obj.is_null() {
+                return Err(PyErr::fetch(self.list.py()));
             }
-            item
+            obj
         };
-        // Steals the reference; the new list's slots are empty, so no error.
-        unsafe { ffi::PyList_SetItem(list.as_ptr(), i as ffi::Py_ssize_t, obj) };
+        // Steals the reference; `i` is in range, so this cannot fail.
+        unsafe { ffi::PyList_SetItem(self.list.as_ptr(), i as ffi::Py_ssize_t, obj) };
+        Ok(())
     }
-    Ok(list.cast_into::<PyList>()?)
+
+    pub fn into_list(self) -> Bound<'py, PyList> {
+        self.list
+    }
 }
 
 pub fn type_name(obj: &Bound<'_, PyAny>) -> String {

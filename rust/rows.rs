@@ -1,36 +1,104 @@
-//! The numeric core: from the validated tokens and fitted logprobs of the
-//! kept turns, fill the per-position rows of the importance-sampling loss.
+//! The numeric core: where each token and logprob of a turn lands in the
+//! per-position rows of the importance-sampling loss.
 //!
 //! A turn with prompt `P` and completion `C` becomes `full = P + C`; position
 //! `j` (of `len(full) - 1`) predicts `full[j + 1]`. Positions whose target is
 //! a completion token carry that token's own logprob and the trajectory's
-//! advantage; the others carry 0 in both.
+//! advantage; the others carry 0 in both. Rows lie back to back in flat
+//! arrays; row `i` is `[offsets[i], offsets[i + 1])`.
 
-/// One kept turn. Its tokens (`prompt_len + completion_len` of them, prompt
-/// first) and its fitted logprobs (`completion_len`) follow the previous
-/// turn's in the flat buffers given to [`fill_rows`].
+/// The shape of one turn.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct TurnSpan {
+pub struct TurnShape {
     pub prompt_len: usize,
     pub completion_len: usize,
-    pub advantage: f32,
 }
 
-impl TurnSpan {
+impl TurnShape {
     /// A turn yields a row when it has a completion and at least one position.
-    pub fn is_kept(prompt_len: usize, completion_len: usize) -> bool {
-        completion_len > 0 && prompt_len + completion_len >= 2
+    pub fn is_kept(&self) -> bool {
+        self.completion_len > 0 && self.prompt_len + self.completion_len >= 2
     }
 
     pub fn positions(&self) -> usize {
         self.prompt_len + self.completion_len - 1
     }
+
+    /// The first position whose target is a completion token.
+    fn first_completion_position(&self) -> usize {
+        self.prompt_len.saturating_sub(1)
+    }
+
+    /// How many leading completion tokens are no target: 1 with an empty
+    /// prompt (nothing predicts the first token), else 0.
+    fn untargeted(&self) -> usize {
+        usize::from(self.prompt_len == 0)
+    }
 }
 
-/// Flat rows: row `i` is `[offsets[i], offsets[i + 1])` of each array.
+/// `offsets` of rows of these shapes (all kept), `shapes.len() + 1` long.
+pub fn row_offsets(shapes: &[TurnShape]) -> Vec<i64> {
+    let mut offsets = Vec::with_capacity(shapes.len() + 1);
+    let mut total = 0i64;
+    offsets.push(0);
+    for s in shapes {
+        total += s.positions() as i64;
+        offsets.push(total);
+    }
+    offsets
+}
+
+/// One row being written. Targets and (optionally) input tokens are set
+/// token by token of `full`, logprobs logprob by logprob of the completion.
+pub struct RowMut<'a> {
+    shape: TurnShape,
+    input_tokens: &'a mut [i64],
+    targets: &'a mut [i64],
+    logprobs: &'a mut [f32],
+}
+
+impl<'a> RowMut<'a> {
+    /// `input_tokens` may be empty: the model input is then not kept.
+    pub fn new(shape: TurnShape, input_tokens: &'a mut [i64], targets: &'a mut [i64], logprobs: &'a mut [f32]) -> Self {
+        let n = shape.positions();
+        debug_assert!(targets.len() == n && logprobs.len() == n);
+        debug_assert!(input_tokens.is_empty() || input_tokens.len() == n);
+        RowMut { shape, input_tokens, targets, logprobs }
+    }
+
+    /// Token `i` of `full`.
+    #[inline(always)]
+    pub fn set_token(&mut self, i: usize, token: i64) {
+        if i >= 1 {
+            self.targets[i - 1] = token;
+        }
+        if let Some(slot) = self.input_tokens.get_mut(i) {
+            *slot = token;
+        }
+    }
+
+    /// The logprob of completion token `k` (of the fitted logprobs).
+    #[inline(always)]
+    pub fn set_logprob(&mut self, k: usize, logprob: f32) {
+        if let Some(at) = k.checked_sub(self.shape.untargeted()) {
+            self.logprobs[self.shape.first_completion_position() + at] = logprob;
+        }
+    }
+}
+
+/// The advantages column: `advantage` of each row on its completion
+/// positions; the rest must already be 0.
+pub fn fill_advantages(shapes: &[TurnShape], row_advantages: &[f32], offsets: &[i64], out: &mut [f32]) {
+    for ((s, &a), &start) in shapes.iter().zip(row_advantages).zip(offsets) {
+        let start = start as usize;
+        out[start + s.first_completion_position()..start + s.positions()].fill(a);
+    }
+}
+
+/// Flat rows, owned: the pure-Rust entry point (tests and fuzzing use it;
+/// the Python glue writes into numpy's buffers through [`RowMut`]).
 #[derive(Debug, Default, PartialEq)]
 pub struct Rows {
-    /// `full[:-1]` per row; only filled when asked for.
     pub input_tokens: Vec<i64>,
     pub targets: Vec<i64>,
     pub logprobs: Vec<f32>,
@@ -38,112 +106,64 @@ pub struct Rows {
     pub offsets: Vec<i64>,
 }
 
-/// Mutable views of one contiguous run of rows.
-struct RowsMut<'a> {
-    input_tokens: &'a mut [i64],
-    targets: &'a mut [i64],
-    logprobs: &'a mut [f32],
-    advantages: &'a mut [f32],
-}
-
-impl<'a> RowsMut<'a> {
-    fn split_at(self, at: usize) -> (RowsMut<'a>, RowsMut<'a>) {
-        let in_at = if self.input_tokens.is_empty() { 0 } else { at };
-        let (i0, i1) = self.input_tokens.split_at_mut(in_at);
-        let (t0, t1) = self.targets.split_at_mut(at);
-        let (l0, l1) = self.logprobs.split_at_mut(at);
-        let (a0, a1) = self.advantages.split_at_mut(at);
-        (
-            RowsMut { input_tokens: i0, targets: t0, logprobs: l0, advantages: a0 },
-            RowsMut { input_tokens: i1, targets: t1, logprobs: l1, advantages: a1 },
-        )
+/// Rows of the kept turns among `shapes`, whose `full` tokens lie back to
+/// back in `tokens` and fitted logprobs (one per completion token) in
+/// `logprobs`, with one advantage per turn.
+pub fn fill_rows(shapes: &[TurnShape], tokens: &[i64], logprobs: &[f32], advantages: &[f32]) -> Rows {
+    let (mut tok, mut lp) = (0, 0);
+    let mut kept = Vec::new();
+    let mut kept_advantages = Vec::new();
+    let mut spans = Vec::new();
+    for (s, &a) in shapes.iter().zip(advantages) {
+        let full = tok..tok + s.prompt_len + s.completion_len;
+        let fitted = lp..lp + s.completion_len;
+        tok = full.end;
+        lp = fitted.end;
+        if s.is_kept() {
+            kept.push(*s);
+            kept_advantages.push(a);
+            spans.push((full, fitted));
+        }
     }
-}
-
-/// Batches smaller than this are filled on one thread: spawning costs more
-/// than it saves (measured in bench/).
-pub const PARALLEL_MIN_POSITIONS: usize = 1 << 18;
-
-pub fn fill_rows(spans: &[TurnSpan], tokens: &[i32], logprobs: &[f32], with_inputs: bool) -> Rows {
-    let mut offsets = Vec::with_capacity(spans.len() + 1);
-    offsets.push(0i64);
-    let mut total = 0usize;
-    for s in spans {
-        total += s.positions();
-        offsets.push(total as i64);
-    }
+    let offsets = row_offsets(&kept);
+    let total = *offsets.last().unwrap() as usize;
     let mut rows = Rows {
-        input_tokens: if with_inputs { vec![0; total] } else { Vec::new() },
+        input_tokens: vec![0; total],
         targets: vec![0; total],
         logprobs: vec![0.0; total],
         advantages: vec![0.0; total],
         offsets,
     };
-    let out = RowsMut {
-        input_tokens: &mut rows.input_tokens,
-        targets: &mut rows.targets,
-        logprobs: &mut rows.logprobs,
-        advantages: &mut rows.advantages,
-    };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(2);
-    if threads < 2 || total < PARALLEL_MIN_POSITIONS {
-        fill_run(spans, tokens, logprobs, out);
-        return rows;
+    for ((s, (full, fitted)), w) in kept.iter().zip(spans).zip(rows.offsets.windows(2)) {
+        let row = w[0] as usize..w[1] as usize;
+        let mut writer = RowMut::new(
+            *s,
+            &mut rows.input_tokens[row.clone()],
+            &mut rows.targets[row.clone()],
+            &mut rows.logprobs[row],
+        );
+        for (i, &t) in tokens[full].iter().enumerate() {
+            writer.set_token(i, t);
+        }
+        for (k, &l) in logprobs[fitted].iter().enumerate() {
+            writer.set_logprob(k, l);
+        }
     }
-    // Two halves by position count; each half starts at a turn boundary.
-    let split = rows.offsets.partition_point(|&o| (o as usize) < total / 2).min(spans.len());
-    let (token_at, logprob_at) = spans[..split]
-        .iter()
-        .fold((0, 0), |(t, l), s| (t + s.prompt_len + s.completion_len, l + s.completion_len));
-    let (first, second) = out.split_at(rows.offsets[split] as usize);
-    std::thread::scope(|scope| {
-        scope.spawn(|| fill_run(&spans[split..], &tokens[token_at..], &logprobs[logprob_at..], second));
-        fill_run(&spans[..split], &tokens[..token_at], &logprobs[..logprob_at], first);
-    });
+    fill_advantages(&kept, &kept_advantages, &rows.offsets, &mut rows.advantages);
     rows
-}
-
-fn fill_run(spans: &[TurnSpan], tokens: &[i32], logprobs: &[f32], out: RowsMut<'_>) {
-    let (mut tok, mut lp, mut pos) = (0usize, 0usize, 0usize);
-    let with_inputs = !out.input_tokens.is_empty();
-    for s in spans {
-        let full = &tokens[tok..tok + s.prompt_len + s.completion_len];
-        let fitted = &logprobs[lp..lp + s.completion_len];
-        let n = s.positions();
-        let row = pos..pos + n;
-        for (t, &x) in out.targets[row.clone()].iter_mut().zip(&full[1..]) {
-            *t = x as i64;
-        }
-        if with_inputs {
-            for (t, &x) in out.input_tokens[row.clone()].iter_mut().zip(&full[..n]) {
-                *t = x as i64;
-            }
-        }
-        // First position whose target is a completion token, and which of the
-        // completion's logprobs it takes (1 with an empty prompt: the first
-        // completion token is then no target at all).
-        let first = s.prompt_len.saturating_sub(1);
-        let skipped = usize::from(s.prompt_len == 0);
-        let completion = pos + first..pos + n;
-        out.logprobs[completion.clone()].copy_from_slice(&fitted[skipped..]);
-        out.advantages[completion].fill(s.advantage);
-        tok += full.len();
-        lp += fitted.len();
-        pos += n;
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn span(p: usize, c: usize, a: f32) -> TurnSpan {
-        TurnSpan { prompt_len: p, completion_len: c, advantage: a }
+    fn shape(p: usize, c: usize) -> TurnShape {
+        TurnShape { prompt_len: p, completion_len: c }
     }
 
     #[test]
     fn worked_example_from_the_spec() {
-        let rows = fill_rows(&[span(3, 2, 0.75)], &[11, 12, 13, 21, 22], &[-0.5, -0.25], true);
+        let rows = fill_rows(&[shape(3, 2)], &[11, 12, 13, 21, 22], &[-0.5, -0.25], &[0.75]);
         assert_eq!(rows.input_tokens, vec![11, 12, 13, 21]);
         assert_eq!(rows.targets, vec![12, 13, 21, 22]);
         assert_eq!(rows.logprobs, vec![0.0, 0.0, -0.5, -0.25]);
@@ -153,75 +173,22 @@ mod tests {
 
     #[test]
     fn empty_prompt_targets_keep_their_own_logprobs() {
-        let rows = fill_rows(&[span(0, 3, 1.0)], &[5, 6, 7], &[-1.0, -2.0, -3.0], false);
+        let rows = fill_rows(&[shape(0, 3)], &[5, 6, 7], &[-1.0, -2.0, -3.0], &[1.0]);
         assert_eq!(rows.targets, vec![6, 7]);
         assert_eq!(rows.logprobs, vec![-2.0, -3.0]);
         assert_eq!(rows.advantages, vec![1.0, 1.0]);
-        assert!(rows.input_tokens.is_empty());
     }
 
     #[test]
-    fn kept_turns() {
-        assert!(!TurnSpan::is_kept(5, 0));
-        assert!(!TurnSpan::is_kept(0, 1));
-        assert!(TurnSpan::is_kept(1, 1));
-        assert!(TurnSpan::is_kept(0, 2));
-    }
-
-    /// Plain per-position definition, to check the slice arithmetic against.
-    fn naive(spans: &[TurnSpan], tokens: &[i32], logprobs: &[f32]) -> Rows {
-        let mut rows = Rows { offsets: vec![0], ..Rows::default() };
-        let (mut tok, mut lp) = (0, 0);
-        for s in spans {
-            let full: Vec<i64> = tokens[tok..tok + s.prompt_len + s.completion_len].iter().map(|&x| x as i64).collect();
-            for j in 0..full.len() - 1 {
-                rows.input_tokens.push(full[j]);
-                rows.targets.push(full[j + 1]);
-                if j + 1 >= s.prompt_len {
-                    rows.logprobs.push(logprobs[lp + j + 1 - s.prompt_len]);
-                    rows.advantages.push(s.advantage);
-                } else {
-                    rows.logprobs.push(0.0);
-                    rows.advantages.push(0.0);
-                }
-            }
-            rows.offsets.push(rows.targets.len() as i64);
-            tok += full.len();
-            lp += s.completion_len;
-        }
-        rows
-    }
-
-    #[test]
-    fn parallel_fill_matches_the_per_position_definition() {
-        // Deterministic pseudo-random turn shapes, enough positions to split.
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = |m: usize| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % m as u64) as usize
-        };
-        let mut spans = Vec::new();
-        let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
-        let mut total = 0;
-        while total < 2 * PARALLEL_MIN_POSITIONS {
-            let (p, c) = (next(300), 1 + next(300));
-            if !TurnSpan::is_kept(p, c) {
-                continue;
-            }
-            spans.push(span(p, c, next(100) as f32 / 7.0));
-            tokens.extend((0..p + c).map(|_| next(1 << 31) as i32));
-            logprobs.extend((0..c).map(|_| -(next(1000) as f32) / 10.0));
-            total += p + c - 1;
-        }
-        let rows = fill_rows(&spans, &tokens, &logprobs, true);
-        assert_eq!(rows, naive(&spans, &tokens, &logprobs));
-        let few = &spans[..3];
-        let n_tok: usize = few.iter().map(|s| s.prompt_len + s.completion_len).sum();
-        let n_lp: usize = few.iter().map(|s| s.completion_len).sum();
-        let mut expected = naive(few, &tokens[..n_tok], &logprobs[..n_lp]);
-        expected.input_tokens.clear();
-        assert_eq!(fill_rows(few, &tokens[..n_tok], &logprobs[..n_lp], false), expected);
+    fn skipped_turns_leave_no_row() {
+        assert!(!shape(5, 0).is_kept());
+        assert!(!shape(0, 1).is_kept());
+        assert!(shape(1, 1).is_kept());
+        assert!(shape(0, 2).is_kept());
+        let rows = fill_rows(&[shape(2, 0), shape(0, 1), shape(1, 1)], &[1, 2, 3, 4, 5], &[-1.0, -2.0], &[9.0, 8.0, 7.0]);
+        assert_eq!(rows.targets, vec![5]);
+        assert_eq!(rows.logprobs, vec![-2.0]);
+        assert_eq!(rows.advantages, vec![7.0]);
+        assert_eq!(rows.offsets, vec![0, 1]);
     }
 }

@@ -2,61 +2,58 @@
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
-import pytest
 import tinker
+from hypothesis import given
 
-from tinker_rl_data import datums as wrapping
-
-
-def public(tokens, target, logprobs, advantages):
-    return tinker.Datum(
-        model_input=tinker.ModelInput.from_ints(tokens),
-        loss_fn_inputs={
-            "target_tokens": tinker.TensorData.from_numpy(target),
-            "logprobs": tinker.TensorData.from_numpy(logprobs),
-            "advantages": tinker.TensorData.from_numpy(advantages),
-        },
-    )
-
-
-def rows(n):
-    rng = np.random.default_rng(n)
-    return (
-        rng.integers(0, 2**31 - 1, n).tolist(),
-        rng.integers(0, 2**31 - 1, n).astype(np.int64),
-        rng.standard_normal(n).astype(np.float32),
-        rng.standard_normal(n).astype(np.float32),
-    )
+from conftest import groups
+from tinker_rl_data import compute_advantages
+from tinker_rl_data import datums as rows
 
 
 def test_this_tinker_takes_the_direct_path():
     # tinker 0.38's layout is known; a change there must be noticed here.
-    assert wrapping.DIRECT_PATH
+    assert rows.DIRECT_PATH
 
 
-@pytest.mark.parametrize("n", [1, 2, 17, 1000])
-def test_direct_datum_is_field_for_field_public(n):
-    args = rows(n)
-    offsets = np.array([0, n], dtype=np.int64)
-    (ours,) = wrapping.wrap_rows([args[0]], *args[1:], offsets)
-    assert wrapping.same_datum(ours, public(*args))
-    # and the comparison can fail: a different token, a different dtype
-    changed = [args[0][0] + 1] + args[0][1:]
-    assert not wrapping.same_datum(ours, public(changed, *args[1:]))
-    assert not wrapping.same_datum(ours, public(args[0], args[1].astype(np.float64), *args[2:]))
+@given(groups())
+def test_direct_datums_are_field_for_field_public(batch):
+    advantages = compute_advantages(batch)
+    ours, our_meta, our_fitted = rows._direct(batch, advantages)
+    theirs, their_meta, their_fitted = rows._public(batch, advantages)
+    assert len(ours) == len(theirs)
+    assert all(map(rows.same_datum, ours, theirs))
+    assert our_meta == their_meta and our_fitted == their_fitted
+    # Metadata tags are each the row's own list, not the group's.
+    for m in our_meta:
+        assert m.tags == list(batch[m.group_idx].tags) and m.tags is not batch[m.group_idx].tags
+
+
+def public(tokens, target):
+    return tinker.Datum(
+        model_input=tinker.ModelInput.from_ints(tokens),
+        loss_fn_inputs={"target_tokens": tinker.TensorData.from_numpy(target)},
+    )
+
+
+def test_the_comparison_can_fail():
+    a = public([1, 2], np.array([2, 3]))
+    assert rows.same_datum(a, public([1, 2], np.array([2, 3])))
+    assert not rows.same_datum(a, public([1, 3], np.array([2, 3])))
+    assert not rows.same_datum(a, public([1, 2], np.array([2, 4])))
+    assert not rows.same_datum(a, public([1, 2], np.array([2.0, 3.0])))
 
 
 def test_gc_paused_restores_the_previous_state():
-    import gc
-
     assert gc.isenabled()
-    with wrapping.gc_paused():
+    with rows.gc_paused():
         assert not gc.isenabled()
     assert gc.isenabled()
     gc.disable()
     try:
-        with wrapping.gc_paused():
+        with rows.gc_paused():
             pass
         assert not gc.isenabled()
     finally:

@@ -7,13 +7,12 @@ import numpy.typing as npt
 
 __version__: str
 
-def compute_advantages(groups: Any, normalize: bool, /) -> list[list[float]]: ...
-def reward_metrics(groups: Any, /) -> tuple[float, float, int, int] | None: ...
-def assemble(
-    groups: Any, advantages: Any, model_inputs: bool, /
+def compute_advantages(groups: Any, normalize: bool) -> list[list[float]]: ...
+def reward_metrics(groups: Any) -> tuple[float, float, int, int] | None: ...
+def assemble_arrays(
+    groups: Any, advantages: Any
 ) -> tuple[
-    list[list[int]] | None,
-    npt.NDArray[np.int64] | None,
+    npt.NDArray[np.int64],
     npt.NDArray[np.int64],
     npt.NDArray[np.float32],
     npt.NDArray[np.float32],
@@ -23,4 +22,5 @@ def assemble(
     npt.NDArray[np.int64],
     int,
 ]: ...
+def assemble_datums(groups: Any, advantages: Any, classes: tuple[type, type, type, type, type]) -> tuple[list[Any], list[Any], int]: ...
 def _panic_probe() -> None: ...

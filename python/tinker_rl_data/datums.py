@@ -1,30 +1,38 @@
-"""Wrapping the core's flat rows into real ``tinker.Datum`` objects.
+"""Building the output rows: real ``tinker.Datum`` objects and their
+:class:`DatumMetadata`.
 
 tinker's public constructors cost about 9 us per Datum plus 20-30 ns per
 token of pydantic validation, more than the whole numeric work. The rows
-are already validated, so where this tinker's classes have the layout this
-module knows, it fills the same instance fields the constructors would
-(``model_construct`` style) and checks, once at import, that the result is
-field for field what the public constructors give. Anywhere that check
-fails it uses the public constructors.
+are already validated, so where this tinker's classes have the layout we
+know, the core fills each instance's fields as the constructors would
+(``_core.assemble_datums``). At import, one batch is built both ways and
+compared field by field; anywhere they differ (another tinker version's
+internals), the public constructors are used.
 """
 
 from __future__ import annotations
 
 import gc
-import logging
 from contextlib import contextmanager
-from dataclasses import fields, is_dataclass
-from typing import Iterator, Sequence
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from tinker import Datum, ModelInput, TensorData
 from tinker.types import EncodedTextChunk
 
-logger = logging.getLogger("tinker_rl_data")
+from . import _core
 
-_new = object.__new__
-_set = object.__setattr__
+
+@dataclass
+class DatumMetadata:
+    """Where a Datum came from: its group, trajectory and turn, and the
+    group's tags."""
+
+    group_idx: int
+    traj_idx: int = 0
+    turn_idx: int = 0
+    tags: list[str] = field(default_factory=list)
 
 
 @contextmanager
@@ -44,68 +52,40 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _public_datum(tokens: list[int], target: np.ndarray, logprobs: np.ndarray, advantages: np.ndarray) -> Datum:
-    return Datum(
-        model_input=ModelInput.from_ints(tokens),
-        loss_fn_inputs={
-            "target_tokens": TensorData.from_numpy(target),
-            "logprobs": TensorData.from_numpy(logprobs),
-            "advantages": TensorData.from_numpy(advantages),
-        },
+_CLASSES = (Datum, ModelInput, EncodedTextChunk, TensorData, DatumMetadata)
+
+
+def _direct(groups: Sequence[Any], advantages: Any) -> tuple[list[Datum], list[DatumMetadata], int]:
+    return _core.assemble_datums(groups, advantages, _CLASSES)
+
+
+def _public(groups: Sequence[Any], advantages: Any) -> tuple[list[Datum], list[DatumMetadata], int]:
+    """Through tinker's public constructors, from the core's flat rows."""
+    inputs, targets, logprobs, advs, offsets, group_idx, traj_idx, turn_idx, fitted = _core.assemble_arrays(
+        groups, advantages
     )
-
-
-def _tensor(dtype: str, array: np.ndarray) -> TensorData:
-    td = _new(TensorData)
-    _set(
-        td,
-        "__dict__",
-        {
-            "dtype": dtype,
-            "shape": [len(array)],
-            "sparse_crow_indices": None,
-            "sparse_col_indices": None,
-            "_numpy": array,
-        },
-    )
-    return td
-
-
-def _direct_datum(tokens: list[int], target: np.ndarray, logprobs: np.ndarray, advantages: np.ndarray) -> Datum:
-    chunk = _new(EncodedTextChunk)
-    _set(chunk, "__dict__", {"tokens": tokens, "type": "encoded_text"})
-    _set(chunk, "__pydantic_fields_set__", {"tokens"})
-    _set(chunk, "__pydantic_extra__", None)
-    _set(chunk, "__pydantic_private__", None)
-    model_input = _new(ModelInput)
-    _set(model_input, "__dict__", {"chunks": [chunk]})
-    _set(model_input, "__pydantic_fields_set__", {"chunks"})
-    _set(model_input, "__pydantic_extra__", None)
-    _set(model_input, "__pydantic_private__", None)
-    datum = _new(Datum)
-    _set(
-        datum,
-        "__dict__",
-        {
-            "model_input": model_input,
-            "loss_fn_inputs": {
-                "target_tokens": _tensor("int64", target),
-                "logprobs": _tensor("float32", logprobs),
-                "advantages": _tensor("float32", advantages),
+    tags = [list(getattr(g, "tags", None) or ()) for g in groups]
+    bounds = offsets.tolist()
+    datums = [
+        Datum(
+            model_input=ModelInput.from_ints(inputs[a:b].tolist()),
+            loss_fn_inputs={
+                "target_tokens": TensorData.from_numpy(targets[a:b]),
+                "logprobs": TensorData.from_numpy(logprobs[a:b]),
+                "advantages": TensorData.from_numpy(advs[a:b]),
             },
-            "model_input_spans": None,
-            "loss_fn_input_spans": None,
-        },
-    )
-    return datum
-
-
-_PYDANTIC_STATE = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
+        )
+        for a, b in zip(bounds, bounds[1:])
+    ]
+    metadata = [
+        DatumMetadata(g, t, u, list(tags[g])) for g, t, u in zip(group_idx.tolist(), traj_idx.tolist(), turn_idx.tolist())
+    ]
+    return datums, metadata, fitted
 
 
 def same_datum(a: Datum, b: Datum) -> bool:
     """Field by field, down to pydantic's bookkeeping and numpy dtypes."""
-    if type(a) is not type(b) or set(vars(a)) != set(vars(b)):
+    if type(a) is not type(b) or list(vars(a)) != list(vars(b)):
         return False
     for name, value in vars(a).items():
         other = vars(b)[name]
@@ -120,24 +100,34 @@ def same_datum(a: Datum, b: Datum) -> bool:
     return True
 
 
-def _same_model(a: object, b: object) -> bool:
+_PYDANTIC_STATE = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
+
+
+def _same_model(a: Any, b: Any) -> bool:
     if type(a) is not type(b):
         return False
     for slot in _PYDANTIC_STATE:
         x, y = getattr(a, slot, None), getattr(b, slot, None)
-        if slot == "__dict__":
-            if list(x) != list(y):
+        if slot != "__dict__":
+            if x != y:
                 return False
-            for key in x:
-                if isinstance(x[key], list) and x[key] and hasattr(x[key][0], "__pydantic_fields_set__"):
-                    if len(x[key]) != len(y[key]) or not all(map(_same_model, x[key], y[key])):
-                        return False
-                elif type(x[key]) is not type(y[key]) or x[key] != y[key]:
-                    return False
-                elif isinstance(x[key], list) and [type(v) for v in x[key]] != [type(v) for v in y[key]]:
-                    return False
-        elif x != y:
+            continue
+        if list(x) != list(y):
             return False
+        for key in x:
+            u, v = x[key], y[key]
+            if type(u) is not type(v):
+                return False
+            if isinstance(u, list):
+                if len(u) != len(v):
+                    return False
+                if u and hasattr(u[0], "__pydantic_fields_set__"):
+                    if not all(map(_same_model, u, v)):
+                        return False
+                elif u != v or [type(i) for i in u] != [type(i) for i in v]:
+                    return False
+            elif u != v:
+                return False
     return True
 
 
@@ -154,9 +144,23 @@ def _same_tensor(a: TensorData, b: TensorData) -> bool:
     return True
 
 
+def _probe_batch() -> list[Any]:
+    from .env import Trajectory, TrajectoryGroup, Turn
+
+    return [
+        TrajectoryGroup(
+            [
+                Trajectory([Turn([7, 8], [9, 10], [-0.5, -0.25]), Turn([], [1, True, 3], [-1.0, -2.0, -3.0])], 1.0),
+                Trajectory([Turn((2**31 - 1, 5), np.array([6, 7]), np.array([-0.125, -0.5]))], 0.0),
+            ],
+            tags=["probe"],
+        )
+    ]
+
+
 def _direct_path_works() -> bool:
-    """Whether this tinker's classes take the direct path: the layout it
-    fills, and one Datum made both ways, field for field."""
+    """Whether this tinker takes the direct path: its classes have the
+    fields the core fills, and a probe batch built both ways is the same."""
     try:
         if not (is_dataclass(Datum) and is_dataclass(TensorData)):
             return False
@@ -164,37 +168,21 @@ def _direct_path_works() -> bool:
             return False
         if [f.name for f in fields(TensorData)] != ["dtype", "shape", "sparse_crow_indices", "sparse_col_indices", "_numpy"]:
             return False
-        if set(ModelInput.model_fields) != {"chunks"} or set(EncodedTextChunk.model_fields) != {"tokens", "type"}:
+        if list(ModelInput.model_fields) != ["chunks"] or list(EncodedTextChunk.model_fields) != ["tokens", "type"]:
             return False
-        args = (
-            [7, 8, 9],
-            np.array([8, 9, 10], dtype=np.int64),
-            np.array([0.0, -0.5, -0.25], dtype=np.float32),
-            np.array([0.0, 0.5, 0.5], dtype=np.float32),
-        )
-        return same_datum(_direct_datum(*args), _public_datum(*args))
+        batch = _probe_batch()
+        advantages = [[0.5, -0.5]]
+        ours, our_meta, _ = _direct(batch, advantages)
+        theirs, their_meta, _ = _public(batch, advantages)
+        return len(ours) == len(theirs) == 3 and all(map(same_datum, ours, theirs)) and our_meta == their_meta
     except Exception:  # any surprise in tinker's internals: use its constructors
         return False
 
 
 DIRECT_PATH = _direct_path_works()
-_make_datum = _direct_datum if DIRECT_PATH else _public_datum
 
 
-def wrap_rows(
-    model_inputs: Sequence[list[int]],
-    targets: np.ndarray,
-    logprobs: np.ndarray,
-    advantages: np.ndarray,
-    row_offsets: np.ndarray,
-) -> list[Datum]:
-    """One Datum per row; its tensors are views of the flat arrays."""
-    bounds = row_offsets.tolist()
-    make = _make_datum
-    return [
-        make(tokens, targets[a:b], logprobs[a:b], advantages[a:b])
-        for tokens, a, b in zip(model_inputs, bounds, bounds[1:])
-    ]
-
-
-__all__ = ["DIRECT_PATH", "gc_paused", "same_datum", "wrap_rows"]
+def build_rows(groups: Sequence[Any], advantages: Any) -> tuple[list[Datum], list[DatumMetadata], int]:
+    """Datums, their metadata, and how many turns had their logprobs fitted."""
+    with gc_paused():
+        return _direct(groups, advantages) if DIRECT_PATH else _public(groups, advantages)
