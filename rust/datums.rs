@@ -4,8 +4,10 @@
 //! import that the result is field for field the public one, and uses the
 //! public constructors instead wherever it is not.
 
+use numpy::ndarray::ArrayView1;
+use numpy::{Element, PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PySet, PySlice, PyString, PyType};
+use pyo3::types::{PyDict, PyList, PySet, PyString, PyType};
 use pyo3::{ffi, intern};
 
 use crate::error::Location;
@@ -18,17 +20,27 @@ pub struct DatumClasses<'py> {
     pub metadata: Bound<'py, PyType>,
 }
 
-/// `object.__new__(cls)` with `__dict__` set to `fields`, as
-/// `object.__setattr__` would (frozen classes refuse their own setattr).
-fn instance<'py>(cls: &Bound<'py, PyType>, fields: &Bound<'py, PyDict>) -> PyResult<Bound<'py, PyAny>> {
-    let py = cls.py();
-    let obj = unsafe {
+/// `object.__new__(cls)`: no `__init__`, no fields yet.
+fn blank<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
+    unsafe {
         let args = ffi::PyTuple_New(0);
         let obj = ffi::PyType_GenericNew(cls.as_type_ptr(), args, std::ptr::null_mut());
         ffi::Py_DecRef(args);
-        Bound::from_owned_ptr_or_err(py, obj)?
-    };
-    set(&obj, intern!(py, "__dict__"), fields.as_any())?;
+        Bound::from_owned_ptr_or_err(cls.py(), obj)
+    }
+}
+
+/// A dataclass instance with its fields set, in order, as its `__init__`
+/// sets them: through `object.__setattr__` (frozen classes refuse their
+/// own), so Python keeps them in the instance's compact attribute storage.
+fn dataclass<'py, const N: usize>(
+    cls: &Bound<'py, PyType>,
+    fields: [(&Bound<'py, PyString>, &Bound<'py, PyAny>); N],
+) -> PyResult<Bound<'py, PyAny>> {
+    let obj = blank(cls)?;
+    for (name, value) in fields {
+        set(&obj, name, value)?;
+    }
     Ok(obj)
 }
 
@@ -45,7 +57,8 @@ fn set(obj: &Bound<'_, PyAny>, name: &Bound<'_, PyString>, value: &Bound<'_, PyA
 /// fields, no extra, no private state.
 fn pydantic_model<'py>(cls: &Bound<'py, PyType>, fields: &Bound<'py, PyDict>, set_field: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
     let py = cls.py();
-    let obj = instance(cls, fields)?;
+    let obj = blank(cls)?;
+    set(&obj, intern!(py, "__dict__"), fields.as_any())?;
     set(&obj, intern!(py, "__pydantic_fields_set__"), PySet::new(py, [set_field])?.as_any())?;
     set(&obj, intern!(py, "__pydantic_extra__"), &py.None().into_bound(py))?;
     set(&obj, intern!(py, "__pydantic_private__"), &py.None().into_bound(py))?;
@@ -54,33 +67,53 @@ fn pydantic_model<'py>(cls: &Bound<'py, PyType>, fields: &Bound<'py, PyDict>, se
 
 fn tensor<'py>(cls: &Bound<'py, PyType>, dtype: &Bound<'py, PyString>, view: Bound<'py, PyAny>, n: usize) -> PyResult<Bound<'py, PyAny>> {
     let py = cls.py();
-    let fields = PyDict::new(py);
-    fields.set_item(intern!(py, "dtype"), dtype)?;
-    fields.set_item(intern!(py, "shape"), PyList::new(py, [n])?)?;
-    fields.set_item(intern!(py, "sparse_crow_indices"), py.None())?;
-    fields.set_item(intern!(py, "sparse_col_indices"), py.None())?;
-    fields.set_item(intern!(py, "_numpy"), view)?;
-    instance(cls, &fields)
+    let none = py.None().into_bound(py);
+    dataclass(
+        cls,
+        [
+            (intern!(py, "dtype"), dtype.as_any()),
+            (intern!(py, "shape"), PyList::new(py, [n])?.as_any()),
+            (intern!(py, "sparse_crow_indices"), &none),
+            (intern!(py, "sparse_col_indices"), &none),
+            (intern!(py, "_numpy"), &view),
+        ],
+    )
 }
 
-/// One Datum and one DatumMetadata per row; the Datums' tensors are views
-/// of the flat `columns` (targets, logprobs, advantages).
+/// `column[start:start + len]`, made as numpy's slicing makes it: a view
+/// whose base is `column`.
+fn view<'py, T: Element>(column: &Bound<'py, PyArray1<T>>, start: usize, len: usize) -> Bound<'py, PyAny> {
+    // Safety: `start + len` is within `column` (row offsets come from its
+    // length), and the view holds `column` alive as its base.
+    unsafe {
+        let rows = ArrayView1::from_shape_ptr(len, column.data().add(start) as *const T);
+        PyArray1::borrow_from_array(&rows, column.clone().into_any()).into_any()
+    }
+}
+
+/// The flat per-position columns the Datums' tensors view.
+pub struct Columns<'py> {
+    pub targets: Bound<'py, PyArray1<i64>>,
+    pub logprobs: Bound<'py, PyArray1<f32>>,
+    pub advantages: Bound<'py, PyArray1<f32>>,
+}
+
+/// One Datum and one DatumMetadata per row.
 pub fn build_datums<'py>(
     classes: &DatumClasses<'py>,
     model_inputs: Vec<Bound<'py, PyList>>,
-    columns: [&Bound<'py, PyAny>; 3],
+    columns: &Columns<'py>,
     offsets: &[i64],
     kept: &[Location],
     tags: &[Option<Bound<'py, PyAny>>],
 ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
     let py = classes.datum.py();
-    let keys = [intern!(py, "target_tokens"), intern!(py, "logprobs"), intern!(py, "advantages")];
-    let dtypes = [intern!(py, "int64"), intern!(py, "float32"), intern!(py, "float32")];
+    let none = py.None().into_bound(py);
+    let (int64, float32) = (intern!(py, "int64"), intern!(py, "float32"));
     let datums = PyList::empty(py);
     let metadata = PyList::empty(py);
     for ((tokens, bounds), at) in model_inputs.into_iter().zip(offsets.windows(2)).zip(kept) {
-        let (start, end) = (bounds[0] as isize, bounds[1] as isize);
-        let n = (end - start) as usize;
+        let (start, n) = (bounds[0] as usize, (bounds[1] - bounds[0]) as usize);
 
         let chunk_fields = PyDict::new(py);
         chunk_fields.set_item(intern!(py, "tokens"), tokens)?;
@@ -91,28 +124,34 @@ pub fn build_datums<'py>(
         let model_input = pydantic_model(&classes.model_input, &input_fields, intern!(py, "chunks"))?;
 
         let loss_fn_inputs = PyDict::new(py);
-        let slice = PySlice::new(py, start, end, 1);
-        for ((key, dtype), column) in keys.iter().zip(&dtypes).zip(columns) {
-            loss_fn_inputs.set_item(key, tensor(&classes.tensor_data, dtype, column.get_item(&slice)?, n)?)?;
-        }
-        let datum_fields = PyDict::new(py);
-        datum_fields.set_item(intern!(py, "model_input"), model_input)?;
-        datum_fields.set_item(intern!(py, "loss_fn_inputs"), loss_fn_inputs)?;
-        datum_fields.set_item(intern!(py, "model_input_spans"), py.None())?;
-        datum_fields.set_item(intern!(py, "loss_fn_input_spans"), py.None())?;
-        datums.append(instance(&classes.datum, &datum_fields)?)?;
+        let td = &classes.tensor_data;
+        loss_fn_inputs.set_item(intern!(py, "target_tokens"), tensor(td, int64, view(&columns.targets, start, n), n)?)?;
+        loss_fn_inputs.set_item(intern!(py, "logprobs"), tensor(td, float32, view(&columns.logprobs, start, n), n)?)?;
+        loss_fn_inputs.set_item(intern!(py, "advantages"), tensor(td, float32, view(&columns.advantages, start, n), n)?)?;
+        datums.append(dataclass(
+            &classes.datum,
+            [
+                (intern!(py, "model_input"), &model_input),
+                (intern!(py, "loss_fn_inputs"), loss_fn_inputs.as_any()),
+                (intern!(py, "model_input_spans"), &none),
+                (intern!(py, "loss_fn_input_spans"), &none),
+            ],
+        )?)?;
 
         let g = at.group.unwrap_or(0);
-        let meta_fields = PyDict::new(py);
-        meta_fields.set_item(intern!(py, "group_idx"), g)?;
-        meta_fields.set_item(intern!(py, "traj_idx"), at.trajectory.unwrap_or(0))?;
-        meta_fields.set_item(intern!(py, "turn_idx"), at.turn.unwrap_or(0))?;
         let group_tags = match &tags[g] {
             Some(t) => unsafe { Bound::from_owned_ptr_or_err(py, ffi::PySequence_List(t.as_ptr()))? },
             None => PyList::empty(py).into_any(),
         };
-        meta_fields.set_item(intern!(py, "tags"), group_tags)?;
-        metadata.append(instance(&classes.metadata, &meta_fields)?)?;
+        metadata.append(dataclass(
+            &classes.metadata,
+            [
+                (intern!(py, "group_idx"), &g.into_pyobject(py)?.into_any()),
+                (intern!(py, "traj_idx"), &at.trajectory.unwrap_or(0).into_pyobject(py)?.into_any()),
+                (intern!(py, "turn_idx"), &at.turn.unwrap_or(0).into_pyobject(py)?.into_any()),
+                (intern!(py, "tags"), &group_tags),
+            ],
+        )?)?;
     }
     Ok((datums, metadata))
 }

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple, PyType};
 
 use crate::advantages::{extend_group_advantages, reward_stats};
-use crate::datums::{build_datums, DatumClasses};
+use crate::datums::{build_datums, Columns, DatumClasses};
 use crate::error::{ErrorKind, InputError, Location};
 use crate::read::{attr, read_logprobs, read_real, read_tokens, IntList, ItemKind, Items};
 use crate::rows::{fill_advantages, row_offsets, RowMut, TurnShape};
@@ -291,9 +291,9 @@ pub fn py_assemble_datums<'py>(
         let rows = assemble_rows(py, &plan, false, true)?;
         let (datum, model_input, chunk, tensor_data, metadata) = classes;
         let classes = DatumClasses { datum, model_input, chunk, tensor_data, metadata };
-        let columns = [rows.targets.as_any(), rows.logprobs.as_any(), rows.advantages.as_any()];
+        let columns = Columns { targets: rows.targets, logprobs: rows.logprobs, advantages: rows.advantages };
         let (datums, metadata) =
-            build_datums(&classes, rows.model_inputs, columns, &rows.offsets, &rows.kept, &plan.tags)?;
+            build_datums(&classes, rows.model_inputs, &columns, &rows.offsets, &rows.kept, &plan.tags)?;
         PyTuple::new(py, [datums.into_any(), metadata.into_any(), rows.fitted_turns.into_pyobject(py)?.into_any()])
     })
 }

@@ -1,0 +1,239 @@
+"""Benchmark: tinker_rl_data against the plain-Python reference of SPEC.md
+(and tinker-cookbook's assemble_training_data when it is installed), on the
+SPEC §5 workloads and a scaling series. Python's GC stays enabled, as in
+real use. Writes bench/RESULTS.md (and bench/scaling.png with matplotlib).
+
+    python bench/bench.py [--quick] [--no-50m]
+
+Times are medians of >= 5 runs after a warm-up; each run's results are kept
+alive until its clock stops and freed outside it, for every implementation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
+
+import numpy as np  # noqa: E402
+import tinker  # noqa: E402
+
+import reference  # noqa: E402
+import tinker_rl_data as trd  # noqa: E402
+from tinker_rl_data.datums import DIRECT_PATH  # noqa: E402
+from workloads import WORKLOADS, Workload, positions  # noqa: E402
+
+try:  # optional: pulls torch, never a test or runtime requirement
+    from tinker_cookbook.rl import data_processing as cookbook
+except Exception:  # noqa: BLE001
+    cookbook = None
+
+
+def rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def hwm_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+def reset_hwm() -> bool:
+    try:  # writing 5 resets the peak-RSS mark (Linux >= 4.0)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def timed(fn, repeats: int) -> list[float]:
+    """Seconds per run, after one warm-up run."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+        del result  # freed outside the clock
+    return times
+
+
+def memory(fn) -> tuple[float, float]:
+    """(peak RSS growth during the call, RSS still held by its result), MiB."""
+    gc.collect()
+    before = rss_kib()
+    if not reset_hwm():
+        return float("nan"), float("nan")
+    result = fn()
+    peak, held = hwm_kib() - before, rss_kib() - before
+    del result
+    return peak / 1024, held / 1024
+
+
+def pipeline(module):
+    def run(groups):
+        advantages = module.compute_advantages(groups)
+        return module.assemble_training_data(groups, advantages)
+
+    return run
+
+
+def row(name, impl, seconds, n_pos, n_datums, ref_seconds=None, mem=None):
+    med = statistics.median(seconds)
+    return {
+        "workload": name,
+        "impl": impl,
+        "ms": med * 1e3,
+        "ns_pos": med / n_pos * 1e9,
+        "us_datum": med / n_datums * 1e6,
+        "ratio": (ref_seconds / med) if ref_seconds else None,
+        "mem": mem,
+    }
+
+
+def fmt(rows: list[dict]) -> str:
+    lines = [
+        "| workload | implementation | median ms | ns / position | us / datum | speed-up vs reference | peak RSS growth / result size |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        ratio = f"{r['ratio']:.1f}x" if r["ratio"] else "1.0x" if r["impl"] == "reference" else ""
+        mem = ""
+        if r["mem"]:
+            peak, held = r["mem"]
+            mem = f"{peak:.0f} / {held:.0f} MiB = {peak / held:.2f}" if held > 0 else f"{peak:.0f} MiB"
+        lines.append(
+            f"| {r['workload']} | {r['impl']} | {r['ms']:.1f} | {r['ns_pos']:.1f} | {r['us_datum']:.2f} | {ratio} | {mem} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller scaling series")
+    parser.add_argument("--no-50m", action="store_true", help="skip the 50 M position run")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    repeats = 3 if args.quick else args.repeats
+    assert gc.isenabled()
+    rows: list[dict] = []
+
+    for name, workload in WORKLOADS.items():
+        groups = workload.build()
+        n_pos, n_datums = positions(groups)
+        advantages = trd.compute_advantages(groups)
+        ref = timed(lambda: pipeline(reference)(groups), repeats)
+        ours = timed(lambda: pipeline(trd)(groups), repeats)
+        arrays = timed(lambda: trd.assemble_arrays(groups, advantages), repeats)
+        ref_med = statistics.median(ref)
+        rows.append(row(name, "reference (plain Python, SPEC)", ref, n_pos, n_datums))
+        rows.append(row(name, "tinker_rl_data", ours, n_pos, n_datums, ref_med, memory(lambda: pipeline(trd)(groups))))
+        rows.append(
+            row(name, "tinker_rl_data.assemble_arrays", arrays, n_pos, n_datums, ref_med,
+                memory(lambda: trd.assemble_arrays(groups, advantages)))
+        )
+        if cookbook is not None:
+            cb = timed(lambda: cookbook_pipeline(groups), repeats)
+            rows.append(row(name, "tinker-cookbook", cb, n_pos, n_datums, ref_med))
+        print(fmt(rows[-3:]).splitlines()[-1], flush=True)
+        del groups, advantages
+        gc.collect()
+
+    # Advantages and metrics alone, on many small groups.
+    small = Workload("advantages_4096x16", 4096, 16, 1, 4, 4).build()
+    n_traj = 4096 * 16
+    for impl_name, module in [("compute_advantages", None), ("compute_trajectory_metrics", None)]:
+        ref = timed(lambda: getattr(reference, impl_name)(small), repeats * 2)
+        ours = timed(lambda: getattr(trd, impl_name)(small), repeats * 2)
+        for label, t, r in [("reference (plain Python, SPEC)", ref, None), ("tinker_rl_data", ours, statistics.median(ref))]:
+            rows.append(row(f"{impl_name} 4096x16", label, t, n_traj, n_traj, r))
+    del small
+
+    # Scaling: cost per position from 1x to 16x single_turn_long.
+    scaling = []
+    base = WORKLOADS["single_turn_long"]
+    for scale in ([1, 4] if args.quick else [1, 2, 4, 8, 16]):
+        groups = base.build(scale=scale)
+        n_pos, n_datums = positions(groups)
+        t = timed(lambda: pipeline(trd)(groups), max(3, repeats if scale <= 4 else 3))
+        scaling.append((scale, n_pos, statistics.median(t) / n_pos * 1e9))
+        print(f"scale {scale}x: {n_pos:,} positions, {scaling[-1][2]:.1f} ns/position", flush=True)
+        del groups
+        gc.collect()
+    big = None
+    if not args.no_50m:
+        groups = base.build(scale=50e6 / 1.57e6)
+        n_pos, n_datums = positions(groups)
+        t0 = time.perf_counter()
+        peak, held = memory(lambda: pipeline(trd)(groups))
+        big = (n_pos, n_datums, time.perf_counter() - t0, peak, held)
+        print(f"50M run: {n_pos:,} positions in {big[2]:.2f} s", flush=True)
+        del groups
+        gc.collect()
+
+    write_results(rows, scaling, big, repeats)
+
+
+def cookbook_pipeline(groups):
+    raise RuntimeError("tinker-cookbook timing is not wired yet")
+
+
+def write_results(rows, scaling, big, repeats) -> None:
+    per_pos = [s[2] for s in scaling]
+    spread = (max(per_pos) / min(per_pos) - 1) * 100 if per_pos else float("nan")
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Machine: {os.cpu_count()} cores, {cpu}; Linux {platform.release()}; Python {platform.python_version()}; "
+        f"tinker {tinker.__version__}; numpy {np.__version__}; tinker_rl_data {trd.__version__} "
+        f"(direct Datum path: {DIRECT_PATH}); tinker-cookbook: {'installed' if cookbook else 'not installed'}.",
+        f"Median of {repeats} runs after a warm-up, GC enabled, one process; ratios are against the",
+        "reference measured in the same run. The pipeline is compute_advantages + assemble_training_data.",
+        "",
+        fmt(rows),
+        "",
+        "## Scaling (single_turn_long, pipeline)",
+        "",
+        "| scale | positions | ns / position |",
+        "| ---: | ---: | ---: |",
+        *[f"| {s}x | {n:,} | {v:.1f} |" for s, n, v in scaling],
+        "",
+        f"Spread of ns/position across the series: {spread:.0f}% (max/min - 1).",
+    ]
+    if big:
+        n_pos, n_datums, secs, peak, held = big
+        lines += ["", f"50 M run: {n_pos:,} positions, {n_datums:,} datums in {secs:.2f} s; "
+                  f"peak RSS growth {peak:.0f} MiB, held by the result {held:.0f} MiB."]
+    text = "\n".join(lines) + "\n"
+    (HERE / "RESULTS.md").write_text(text)
+    print(text)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([s[1] / 1e6 for s in scaling], [s[2] * s[1] / 1e9 for s in scaling], "o-", label="tinker_rl_data")
+        ax.set_xlabel("positions (millions)")
+        ax.set_ylabel("seconds per call")
+        ax.set_title("assemble pipeline, single_turn_long scaled")
+        ax.grid(True)
+        fig.savefig(HERE / "scaling.png", dpi=100, bbox_inches="tight")
+    except ImportError:
+        pass
+
+
+if __name__ == "__main__":
+    main()
