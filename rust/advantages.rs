@@ -14,7 +14,8 @@ pub fn accurate_sum(xs: &[f64]) -> f64 {
         }
         sum = t;
     }
-    sum + compensation
+    // Past overflow the compensation is inf - inf = nan: the sum is inf.
+    if sum.is_finite() { sum + compensation } else { sum }
 }
 
 pub fn mean(xs: &[f64]) -> f64 {
@@ -57,6 +58,7 @@ mod tests {
     fn compensated_sum_keeps_small_terms() {
         assert_eq!(accurate_sum(&[1e16, 1.0, -1e16]), 1.0);
         assert_eq!(accurate_sum(&[]), 0.0);
+        assert_eq!(accurate_sum(&[f64::MAX, f64::MAX]), f64::INFINITY);
     }
 
     #[test]

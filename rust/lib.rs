@@ -7,6 +7,8 @@ pub mod error;
 mod py;
 mod read;
 pub mod rows;
+#[cfg(test)]
+mod rows_fuzz;
 
 use pyo3::prelude::*;
 

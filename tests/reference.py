@@ -49,9 +49,14 @@ def _real(x, where, what, float32):
         v = float(x)
     except TypeError:
         raise TypeError(f"{where}: {what} {x!r} is not a real number") from None
-    if not math.isfinite(v) or (float32 and not math.isfinite(np.float32(v))):
+    if not math.isfinite(v) or (float32 and not _finite_as_float32(v)):
         raise ValueError(f"{where}: {what} {x!r} is not finite")
     return v
+
+
+def _finite_as_float32(v):
+    with np.errstate(over="ignore"):
+        return bool(np.isfinite(np.float32(v)))
 
 
 def _token(x, where):
@@ -92,7 +97,7 @@ def compute_trajectory_metrics(groups):
     m = sum(rs) / len(rs)
     return {
         "reward/mean": m,
-        "reward/std": math.sqrt(sum((r - m) ** 2 for r in rs) / len(rs)),
+        "reward/std": math.sqrt(sum((r - m) * (r - m) for r in rs) / len(rs)),
         "reward/n_trajectories": float(len(rs)),
         "reward/n_groups": float(len(per_group)),
     }
@@ -127,11 +132,14 @@ def turn_rows(prompt, completion, logprobs, advantage):
 
 
 def assemble_training_data(groups, advantages):
+    """Checks the batch in two sweeps, as SPEC's contract has it: first its
+    structure, rewards and advantages, then every token and logprob; each
+    sweep reports the first problem in batch order."""
     groups = list(groups)
     advantages = list(advantages)
     if len(advantages) != len(groups):
         raise ValueError(f"advantages has {len(advantages)} groups for {len(groups)} trajectory groups")
-    datums, metas = [], []
+    planned = []  # (g, t, u, prompt, completion, logprobs, advantage, tags)
     for g, group in enumerate(groups):
         trajs = _seq(_attr(group, "trajectories", _where(g)), _where(g), "trajectories")
         advs = _seq(advantages[g], _where(g), "advantages")
@@ -143,22 +151,27 @@ def assemble_training_data(groups, advantages):
             a = _real(advs[t], _where(g, t), "advantage", True)
             for u, turn in enumerate(_seq(_attr(traj, "turns", _where(g, t)), _where(g, t), "turns")):
                 w = _where(g, t, u)
-                p = [_token(x, w) for x in _seq(_attr(turn, "prompt_tokens", w), w, "prompt_tokens")]
-                c = [_token(x, w) for x in _seq(_attr(turn, "completion_tokens", w), w, "completion_tokens")]
-                lp = [_real(x, w, "logprob", True) for x in _seq(_attr(turn, "logprobs", w), w, "logprobs")]
-                rows = turn_rows(p, c, lp, a)
-                if rows is None:
-                    continue
-                inputs, targets, lps, advs_ = rows
-                datums.append(
-                    tinker.Datum(
-                        model_input=tinker.ModelInput.from_ints(inputs),
-                        loss_fn_inputs={
-                            "target_tokens": tinker.TensorData.from_numpy(np.array(targets, dtype=np.int64)),
-                            "logprobs": tinker.TensorData.from_numpy(np.array(lps, dtype=np.float32)),
-                            "advantages": tinker.TensorData.from_numpy(np.array(advs_, dtype=np.float32)),
-                        },
-                    )
-                )
-                metas.append(Meta(g, t, u, list(tags)))
+                fields = [_seq(_attr(turn, name, w), w, name) for name in ("prompt_tokens", "completion_tokens", "logprobs")]
+                planned.append((g, t, u, *fields, a, tags))
+    datums, metas = [], []
+    for g, t, u, p, c, lp, a, tags in planned:
+        w = _where(g, t, u)
+        p = [_token(x, w) for x in p]
+        c = [_token(x, w) for x in c]
+        lp = [_real(x, w, "logprob", True) for x in lp]
+        rows = turn_rows(p, c, lp, a)
+        if rows is None:
+            continue
+        inputs, targets, lps, advs_ = rows
+        datums.append(
+            tinker.Datum(
+                model_input=tinker.ModelInput.from_ints(inputs),
+                loss_fn_inputs={
+                    "target_tokens": tinker.TensorData.from_numpy(np.array(targets, dtype=np.int64)),
+                    "logprobs": tinker.TensorData.from_numpy(np.array(lps, dtype=np.float32)),
+                    "advantages": tinker.TensorData.from_numpy(np.array(advs_, dtype=np.float32)),
+                },
+            )
+        )
+        metas.append(Meta(g, t, u, list(tags)))
     return datums, metas

@@ -1,0 +1,173 @@
+"""Properties of the rows that hold for every batch (hypothesis), bad input
+fuzzed from Python, and behaviour under threads and repetition."""
+
+from __future__ import annotations
+
+import gc
+import math
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import reference
+import tinker_rl_data as trd
+from conftest import datum_content, groups
+from tinker_rl_data.env import Trajectory, TrajectoryGroup, Turn
+
+
+def kept_turns(batch):
+    for g, group in enumerate(batch):
+        for t, traj in enumerate(group.trajectories):
+            for u, turn in enumerate(traj.turns):
+                p, c = list(turn.prompt_tokens), list(turn.completion_tokens)
+                if c and len(p) + len(c) >= 2:
+                    yield g, t, u, p, c, list(turn.logprobs)
+
+
+@given(groups(), st.booleans())
+def test_every_completion_token_is_a_target_once_with_its_own_logprob(batch, normalize):
+    advantages = trd.compute_advantages(batch, normalize=normalize)
+    datums, meta = trd.assemble_training_data(batch, advantages)
+    kept = list(kept_turns(batch))
+    assert len(datums) == len(meta) == len(kept)
+    for d, m, (g, t, u, p, c, lp) in zip(datums, meta, kept):
+        assert (m.group_idx, m.traj_idx, m.turn_idx) == (g, t, u)
+        targets = d.loss_fn_inputs["target_tokens"].tolist()
+        logprobs = d.loss_fn_inputs["logprobs"].tolist()
+        advs = d.loss_fn_inputs["advantages"].tolist()
+        a = float(np.float32(advantages[g][t]))
+        first = max(len(p) - 1, 0)  # first position whose target is a completion token
+        # Completion targets: each completion token (but an unpredicted first
+        # one) exactly once, in order, with its own logprob and the advantage.
+        skipped = 1 if not p else 0
+        assert targets[first:] == c[skipped:]
+        fitted = (lp + [0.0] * len(c))[: len(c)]
+        assert logprobs[first:] == [float(np.float32(x)) for x in fitted[skipped:]]
+        assert advs[first:] == [a] * (len(c) - skipped)
+        # Prompt positions carry 0 in both.
+        assert logprobs[:first] == [0.0] * first and advs[:first] == [0.0] * first
+        assert targets[:first] == p[1:]
+    for group_advantages in (advantages if normalize else []):
+        if len(group_advantages) >= 2:
+            assert abs(math.fsum(group_advantages)) <= 1e-9 * max(1.0, max(map(abs, group_advantages)))
+
+
+junk_tokens = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([-1, 0, 2**31 - 1, 2**31, 2**63 - 1, 2**63, True, False]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.none(),
+    st.text(max_size=3),
+    st.builds(np.int64, st.integers(-(2**63), 2**63 - 1)),
+)
+junk_reals = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(2**70), 2**70),
+    st.none(),
+    st.text(max_size=3),
+    st.sampled_from([1e39, -1e39, 3.4e38, np.float32(-1.5), np.float64("nan"), True]),
+)
+
+
+@st.composite
+def junk_batches(draw):
+    def seq(elements):
+        values = draw(st.lists(elements, max_size=5))
+        return tuple(values) if draw(st.booleans()) else values
+
+    out = []
+    for _ in range(draw(st.integers(1, 3))):
+        trajs = []
+        for _ in range(draw(st.integers(0, 3))):
+            turns = [Turn(seq(junk_tokens), seq(junk_tokens), seq(junk_reals)) for _ in range(draw(st.integers(0, 2)))]
+            trajs.append(Trajectory(turns, reward=draw(junk_reals)))
+        out.append(TrajectoryGroup(trajs))
+    advantages = [[draw(junk_reals) for _ in g.trajectories] for g in out]
+    return out, advantages
+
+
+def outcome(fn, *args):
+    try:
+        return "ok", fn(*args)
+    except (TypeError, ValueError) as e:
+        return type(e), str(e)
+
+
+@given(junk_batches())
+def test_junk_is_refused_like_the_reference_and_never_crashes(case):
+    batch, advantages = case
+    ours = outcome(trd.assemble_training_data, batch, advantages)
+    theirs = outcome(reference.assemble_training_data, batch, advantages)
+    assert ours[0] == theirs[0], (ours, theirs)
+    if ours[0] == "ok":
+        assert [datum_content(d) for d in ours[1][0]] == [datum_content(d) for d in theirs[1][0]]
+    else:
+        # Same class, and located at the same place.
+        assert ours[1].split(":")[0] == theirs[1].split(":")[0], (ours, theirs)
+    for fn in ("compute_advantages", "compute_trajectory_metrics"):
+        ours, theirs = outcome(getattr(trd, fn), batch), outcome(getattr(reference, fn), batch)
+        assert ours[0] == theirs[0], (fn, ours, theirs)
+
+
+def medium_batch():
+    rng = np.random.default_rng(7)
+    return [
+        TrajectoryGroup(
+            [
+                Trajectory(
+                    [Turn(rng.integers(0, 50_000, 200).tolist(), rng.integers(0, 50_000, 100).tolist(), (-rng.random(100)).tolist())],
+                    reward=float(rng.random()),
+                )
+                for _ in range(8)
+            ],
+            tags=["t"],
+        )
+        for _ in range(16)
+    ]
+
+
+def rss_kib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_rss_is_flat_over_300_calls():
+    batch = medium_batch()
+    advantages = trd.compute_advantages(batch)
+    for _ in range(20):  # allocator warm-up
+        trd.assemble_training_data(batch, advantages)
+    gc.collect()
+    before = rss_kib()
+    for _ in range(300):
+        trd.assemble_training_data(batch, advantages)
+        trd.assemble_arrays(batch, advantages)
+        trd.compute_advantages(batch)
+        trd.compute_trajectory_metrics(batch)
+    gc.collect()
+    assert rss_kib() - before < 10 * 1024
+
+
+def test_threads_agree_with_a_single_thread():
+    batch = medium_batch()
+    advantages = trd.compute_advantages(batch)
+    expected = [datum_content(d) for d in trd.assemble_training_data(batch, advantages)[0]]
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(10):
+                results.append([datum_content(d) for d in trd.assemble_training_data(batch, advantages)[0]])
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors and len(results) == 60
+    assert all(r == expected for r in results)
+    assert gc.isenabled()
