@@ -12,7 +12,7 @@ use pyo3::types::{PyList, PyTuple, PyType};
 use crate::advantages::{extend_group_advantages, reward_stats};
 use crate::datums::{build_datums, Columns, DatumClasses};
 use crate::error::{ErrorKind, InputError, Location};
-use crate::read::{attr, read_logprobs, read_real, read_tokens, IntList, ItemKind, Items};
+use crate::read::{attr, concat_lists, read_logprobs, read_real, read_tokens, IntList, ItemKind, Items};
 use crate::rows::{fill_advantages, row_offsets, RowMut, TurnShape};
 
 #[cold]
@@ -207,17 +207,19 @@ fn assemble_rows<'py>(py: Python<'py>, plan: &Plan<'py>, with_input_tokens: bool
         let n = span.len();
         let inputs = if input_slice.is_empty() { &mut [][..] } else { &mut input_slice[span.clone()] };
         let mut writer = RowMut::new(shape, inputs, &mut target_slice[span.clone()], &mut logprob_slice[span]);
-        let mut list = if with_model_inputs { Some(IntList::new(py, n)?) } else { None };
         let p = shape.prompt_len;
-        let mut put = |i: usize, v: i64, item| {
-            writer.set_token(i, v);
-            match &mut list {
-                Some(list) if i < n => list.set(i, v, item),
-                _ => Ok(()),
-            }
-        };
-        read_tokens(&turn.prompt, "prompt_tokens", at, |i, v, item| put(i, v, item))?;
-        read_tokens(&turn.completion, "completion_tokens", at, |i, v, item| put(p + i, v, item))?;
+        let prompt_exact = read_tokens(&turn.prompt, "prompt_tokens", at, |i, v, _| Ok(writer.set_token(i, v)))?;
+        let completion_exact =
+            read_tokens(&turn.completion, "completion_tokens", at, |i, v, _| Ok(writer.set_token(p + i, v)))?;
+        if with_model_inputs {
+            // Built before the logprobs are read: reading those may run user
+            // code (__float__), which must not change the lists under us.
+            let shared = if prompt_exact && completion_exact { concat_lists(&turn.prompt, &turn.completion)? } else { None };
+            model_inputs.push(match shared {
+                Some(list) => list,
+                None => model_input_list(turn, n)?,
+            });
+        }
         let c = shape.completion_len;
         read_logprobs(&turn.logprobs, at, |k, v| {
             if k < c {
@@ -226,9 +228,6 @@ fn assemble_rows<'py>(py: Python<'py>, plan: &Plan<'py>, with_input_tokens: bool
         })?;
         if turn.logprobs.len() != c {
             fitted_turns += 1;
-        }
-        if let Some(list) = list {
-            model_inputs.push(list.into_list());
         }
         row += 1;
     }
@@ -244,6 +243,19 @@ fn assemble_rows<'py>(py: Python<'py>, plan: &Plan<'py>, with_input_tokens: bool
         offsets,
         fitted_turns,
     })
+}
+
+/// The model input of a turn whose tokens are not all exact ints (bools,
+/// numpy integers) or not in lists: new ints where needed, slot by slot.
+fn model_input_list<'py>(turn: &TurnPlan<'py>, n: usize) -> PyResult<Bound<'py, PyList>> {
+    let mut list = IntList::new(turn.prompt.py(), n)?;
+    let p = turn.prompt.len();
+    read_tokens(&turn.prompt, "prompt_tokens", turn.at, |i, v, item| list.set(i, v, item))?;
+    read_tokens(&turn.completion, "completion_tokens", turn.at, |i, v, item| match p + i < n {
+        true => list.set(p + i, v, item),
+        false => Ok(()),
+    })?;
+    Ok(list.into_list())
 }
 
 fn index_column<'py>(py: Python<'py>, kept: &[Location], part: impl Fn(&Location) -> Option<usize>) -> Bound<'py, PyAny> {

@@ -134,13 +134,15 @@ pub struct Item<'a> {
 
 /// Reads every token of `items`, checking each is an int in
 /// `0..=MAX_TOKEN`, and hands `(i, value, item)` to `sink` (`item` borrowed).
+/// Returns whether every item was an exact `int`.
 #[inline(always)]
 pub fn read_tokens(
     items: &Items<'_>,
     field: &str,
     at: Location,
     mut sink: impl FnMut(usize, i64, *mut ffi::PyObject) -> PyResult<()>,
-) -> PyResult<()> {
+) -> PyResult<bool> {
+    let mut all_exact = true;
     for i in 0..items.len() {
         let item = items.get(i)?;
         let value = if unsafe { ffi::PyLong_CheckExact(item) } != 0 {
@@ -148,6 +150,7 @@ pub fn read_tokens(
             let v = unsafe { ffi::PyLong_AsLongLongAndOverflow(item, &mut overflow) };
             if overflow != 0 { None } else { Some(v) }
         } else {
+            all_exact = false;
             index_value(items.py(), item)?
         };
         match value {
@@ -155,7 +158,27 @@ pub fn read_tokens(
             _ => return Err(bad_token(&items.get_bound(i)?, Item { field, index: i }, at)),
         }
     }
-    Ok(())
+    Ok(all_exact)
+}
+
+/// `prompt + completion[:-1]` as Python's list slicing makes it (one C loop
+/// each), when both are lists: the same int objects, shared.
+pub fn concat_lists<'py>(prompt: &Items<'py>, completion: &Items<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
+    let (Items::List(p), Items::List(c)) = (prompt, completion) else {
+        return Ok(None);
+    };
+    let py = p.py();
+    let (p_len, c_len) = (p.len() as ffi::Py_ssize_t, c.len() as ffi::Py_ssize_t);
+    unsafe {
+        let out = Bound::from_owned_ptr_or_err(py, ffi::PyList_GetSlice(p.as_ptr(), 0, p_len))?;
+        if c_len > 1 {
+            let tail = Bound::from_owned_ptr_or_err(py, ffi::PyList_GetSlice(c.as_ptr(), 0, c_len - 1))?;
+            if ffi::PyList_SetSlice(out.as_ptr(), p_len, p_len, tail.as_ptr()) < 0 {
+                return Err(PyErr::fetch(py));
+            }
+        }
+        Ok(Some(out.cast_into::<PyList>()?))
+    }
 }
 
 /// `operator.index(item)` as i64; `None` when it is no integer or does not
