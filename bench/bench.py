@@ -68,16 +68,38 @@ def timed(fn, repeats: int) -> list[float]:
     return times
 
 
-def memory(fn) -> tuple[float, float]:
-    """(peak RSS growth during the call, RSS still held by its result), MiB."""
+def memory(workload: str, impl: str, scale: float = 1.0) -> tuple[float, float]:
+    """(peak RSS growth during one call, RSS held by its result), MiB, in a
+    fresh process: in this one, freed memory would be reused and hide both."""
+    import json
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory-probe", workload, impl, str(scale)],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    peak, held = json.loads(out.splitlines()[-1])
+    return peak, held
+
+
+def memory_probe(workload: str, impl: str, scale: float) -> None:
+    import json
+
+    groups = WORKLOADS[workload].build(scale=scale)
+    advantages = trd.compute_advantages(groups)
+    calls = {
+        "pipeline": lambda: pipeline(trd)(groups),
+        "arrays": lambda: trd.assemble_arrays(groups, advantages),
+    }
     gc.collect()
     before = rss_kib()
     if not reset_hwm():
-        return float("nan"), float("nan")
-    result = fn()
+        print(json.dumps([float("nan"), float("nan")]))
+        return
+    result = calls[impl]()
     peak, held = hwm_kib() - before, rss_kib() - before
+    print(json.dumps([peak / 1024, held / 1024]))
     del result
-    return peak / 1024, held / 1024
 
 
 def pipeline(module):
@@ -123,7 +145,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller scaling series")
     parser.add_argument("--no-50m", action="store_true", help="skip the 50 M position run")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--memory-probe", nargs=3, metavar=("WORKLOAD", "IMPL", "SCALE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.memory_probe:
+        workload, impl, scale = args.memory_probe
+        memory_probe(workload, impl, float(scale))
+        return
     repeats = 3 if args.quick else args.repeats
     assert gc.isenabled()
     rows: list[dict] = []
@@ -137,10 +164,9 @@ def main() -> None:
         arrays = timed(lambda: trd.assemble_arrays(groups, advantages), repeats)
         ref_med = statistics.median(ref)
         rows.append(row(name, "reference (plain Python, SPEC)", ref, n_pos, n_datums))
-        rows.append(row(name, "tinker_rl_data", ours, n_pos, n_datums, ref_med, memory(lambda: pipeline(trd)(groups))))
+        rows.append(row(name, "tinker_rl_data", ours, n_pos, n_datums, ref_med, memory(name, "pipeline")))
         rows.append(
-            row(name, "tinker_rl_data.assemble_arrays", arrays, n_pos, n_datums, ref_med,
-                memory(lambda: trd.assemble_arrays(groups, advantages)))
+            row(name, "tinker_rl_data.assemble_arrays", arrays, n_pos, n_datums, ref_med, memory(name, "arrays"))
         )
         if cookbook is not None:
             cb = timed(lambda: cookbook_pipeline(groups), repeats)
@@ -172,14 +198,17 @@ def main() -> None:
         gc.collect()
     big = None
     if not args.no_50m:
-        groups = base.build(scale=50e6 / 1.57e6)
+        scale = 50e6 / 1_571_840  # single_turn_long has 1,571,840 positions
+        groups = base.build(scale=scale)
         n_pos, n_datums = positions(groups)
         t0 = time.perf_counter()
-        peak, held = memory(lambda: pipeline(trd)(groups))
-        big = (n_pos, n_datums, time.perf_counter() - t0, peak, held)
-        print(f"50M run: {n_pos:,} positions in {big[2]:.2f} s", flush=True)
-        del groups
+        result = pipeline(trd)(groups)
+        seconds = time.perf_counter() - t0
+        del result, groups
         gc.collect()
+        peak, held = memory("single_turn_long", "pipeline", scale)
+        big = (n_pos, n_datums, seconds, peak, held)
+        print(f"50M run: {n_pos:,} positions in {seconds:.2f} s", flush=True)
 
     write_results(rows, scaling, big, repeats)
 
