@@ -1,6 +1,6 @@
-"""Benchmark: tinker_rl_data against the plain-Python reference of SPEC.md
-(and tinker-cookbook's assemble_training_data when it is installed), on the
-SPEC §5 workloads and a scaling series. Python's GC stays enabled, as in
+"""Benchmark: tinker_rl_data against the plain-Python reference of SPEC.md,
+on the SPEC §5 workloads and a scaling series, with CPython's own floor
+(reading every input object once; building the model-input lists). Python's GC stays enabled, as in
 real use. Writes bench/RESULTS.md (and bench/scaling.png with matplotlib).
 
     python bench/bench.py [--quick] [--no-50m]
@@ -30,12 +30,6 @@ import reference  # noqa: E402
 import tinker_rl_data as trd  # noqa: E402
 from tinker_rl_data.datums import DIRECT_PATH  # noqa: E402
 from workloads import WORKLOADS, Workload, positions  # noqa: E402
-
-try:  # optional: pulls torch, never a test or runtime requirement
-    from tinker_cookbook.rl import data_processing as cookbook
-except Exception:  # noqa: BLE001
-    cookbook = None
-
 
 def rss_kib() -> int:
     with open("/proc/self/status") as f:
@@ -100,6 +94,28 @@ def memory_probe(workload: str, impl: str, scale: float) -> None:
     peak, held = hwm_kib() - before, rss_kib() - before
     print(json.dumps([peak / 1024, held / 1024]))
     del result
+
+
+def read_floor(groups):
+    """Touching every input token and logprob object once, at C speed: a
+    floor for any implementation that reads Python lists."""
+    return [
+        (sum(turn.prompt_tokens), sum(turn.completion_tokens), sum(turn.logprobs))
+        for g in groups
+        for t in g.trajectories
+        for turn in t.turns
+    ]
+
+
+def list_floor(groups):
+    """Only the model-input lists every Datum must hold, built by CPython's
+    own list slicing and concatenation."""
+    return [
+        turn.prompt_tokens + turn.completion_tokens[:-1]
+        for g in groups
+        for t in g.trajectories
+        for turn in t.turns
+    ]
 
 
 def pipeline(module):
@@ -168,10 +184,12 @@ def main() -> None:
         rows.append(
             row(name, "tinker_rl_data.assemble_arrays", arrays, n_pos, n_datums, ref_med, memory(name, "arrays"))
         )
-        if cookbook is not None:
-            cb = timed(lambda: cookbook_pipeline(groups), repeats)
-            rows.append(row(name, "tinker-cookbook", cb, n_pos, n_datums, ref_med))
-        print(fmt(rows[-3:]).splitlines()[-1], flush=True)
+        for label, fn in [
+            ("floor: sum() over every input list", read_floor),
+            ("floor: P + C[:-1] for every turn", list_floor),
+        ]:
+            rows.append(row(name, label, timed(lambda: fn(groups), repeats), n_pos, n_datums, ref_med))
+        print("\n".join(fmt(rows[-5:]).splitlines()[2:]), flush=True)
         del groups, advantages
         gc.collect()
 
@@ -213,10 +231,6 @@ def main() -> None:
     write_results(rows, scaling, big, repeats)
 
 
-def cookbook_pipeline(groups):
-    raise RuntimeError("tinker-cookbook timing is not wired yet")
-
-
 def write_results(rows, scaling, big, repeats) -> None:
     per_pos = [s[2] for s in scaling]
     spread = (max(per_pos) / min(per_pos) - 1) * 100 if per_pos else float("nan")
@@ -226,9 +240,11 @@ def write_results(rows, scaling, big, repeats) -> None:
         "",
         f"Machine: {os.cpu_count()} cores, {cpu}; Linux {platform.release()}; Python {platform.python_version()}; "
         f"tinker {tinker.__version__}; numpy {np.__version__}; tinker_rl_data {trd.__version__} "
-        f"(direct Datum path: {DIRECT_PATH}); tinker-cookbook: {'installed' if cookbook else 'not installed'}.",
+        f"(direct Datum path: {DIRECT_PATH}).",
         f"Median of {repeats} runs after a warm-up, GC enabled, one process; ratios are against the",
         "reference measured in the same run. The pipeline is compute_advantages + assemble_training_data.",
+        "The two floor rows are not implementations: they time CPython alone reading every input object",
+        "once, and building the model-input lists any implementation must return.",
         "",
         fmt(rows),
         "",

@@ -35,7 +35,15 @@ pub enum ItemKind {
 }
 
 /// A sequence's items, borrowed from a list or tuple that this holds alive.
-pub enum Items<'py> {
+/// Its length is taken once: should user code run while we read (an
+/// `__index__`, a `__float__`) and grow a list, the rows laid out for the
+/// old length stay right; a shrunk list gives an IndexError.
+pub struct Items<'py> {
+    seq: Seq<'py>,
+    len: usize,
+}
+
+enum Seq<'py> {
     List(Bound<'py, PyList>),
     Tuple(Bound<'py, PyTuple>),
 }
@@ -44,41 +52,42 @@ impl<'py> Items<'py> {
     /// Reads `obj` (the field `what` at `at`) as a sequence of `kind` items.
     pub fn of(obj: &Bound<'py, PyAny>, what: &str, kind: ItemKind, at: Location) -> PyResult<Self> {
         if let Ok(list) = obj.cast::<PyList>() {
-            return Ok(Items::List(list.clone()));
+            return Ok(Items::list(list.clone()));
         }
         if let Ok(tuple) = obj.cast::<PyTuple>() {
-            return Ok(Items::Tuple(tuple.clone()));
+            return Ok(Items { len: tuple.len(), seq: Seq::Tuple(tuple.clone()) });
         }
         let py = obj.py();
         if let Ok(array) = obj.cast::<PyUntypedArray>() {
             check_array(array, what, kind, at)?;
             // tolist() gives exact Python ints and floats: the list path.
-            return Ok(Items::List(obj.call_method0(intern!(py, "tolist"))?.cast_into::<PyList>()?));
+            return Ok(Items::list(obj.call_method0(intern!(py, "tolist"))?.cast_into::<PyList>()?));
         }
         if obj.is_instance_of::<PyString>() {
             return Err(not_a_sequence(obj, what, at));
         }
         match obj.try_iter() {
-            Ok(iter) => Ok(Items::List(PyList::new(py, iter.collect::<PyResult<Vec<_>>>()?)?)),
+            Ok(iter) => Ok(Items::list(PyList::new(py, iter.collect::<PyResult<Vec<_>>>()?)?)),
             Err(e) if e.is_instance_of::<PyTypeError>(py) => Err(not_a_sequence(obj, what, at)),
             Err(e) => Err(e),
         }
     }
 
+    fn list(list: Bound<'py, PyList>) -> Self {
+        Items { len: list.len(), seq: Seq::List(list) }
+    }
+
     pub fn len(&self) -> usize {
-        match self {
-            Items::List(l) => l.len(),
-            Items::Tuple(t) => t.len(),
-        }
+        self.len
     }
 
     /// Borrowed item `i`; an error if a list shrank under us.
     #[inline(always)]
     pub fn get(&self, i: usize) -> PyResult<*mut ffi::PyObject> {
         let item = unsafe {
-            match self {
-                Items::List(l) => ffi::PyList_GetItem(l.as_ptr(), i as ffi::Py_ssize_t),
-                Items::Tuple(t) => ffi::PyTuple_GetItem(t.as_ptr(), i as ffi::Py_ssize_t),
+            match &self.seq {
+                Seq::List(l) => ffi::PyList_GetItem(l.as_ptr(), i as ffi::Py_ssize_t),
+                Seq::Tuple(t) => ffi::PyTuple_GetItem(t.as_ptr(), i as ffi::Py_ssize_t),
             }
         };
         if item.is_null() {
@@ -94,9 +103,9 @@ impl<'py> Items<'py> {
     }
 
     pub fn py(&self) -> Python<'py> {
-        match self {
-            Items::List(l) => l.py(),
-            Items::Tuple(t) => t.py(),
+        match &self.seq {
+            Seq::List(l) => l.py(),
+            Seq::Tuple(t) => t.py(),
         }
     }
 }
@@ -164,11 +173,11 @@ pub fn read_tokens(
 /// `prompt + completion[:-1]` as Python's list slicing makes it (one C loop
 /// each), when both are lists: the same int objects, shared.
 pub fn concat_lists<'py>(prompt: &Items<'py>, completion: &Items<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
-    let (Items::List(p), Items::List(c)) = (prompt, completion) else {
+    let (Seq::List(p), Seq::List(c)) = (&prompt.seq, &completion.seq) else {
         return Ok(None);
     };
     let py = p.py();
-    let (p_len, c_len) = (p.len() as ffi::Py_ssize_t, c.len() as ffi::Py_ssize_t);
+    let (p_len, c_len) = (prompt.len as ffi::Py_ssize_t, completion.len as ffi::Py_ssize_t);
     unsafe {
         let out = Bound::from_owned_ptr_or_err(py, ffi::PyList_GetSlice(p.as_ptr(), 0, p_len))?;
         if c_len > 1 {
@@ -177,7 +186,10 @@ pub fn concat_lists<'py>(prompt: &Items<'py>, completion: &Items<'py>) -> PyResu
                 return Err(PyErr::fetch(py));
             }
         }
-        Ok(Some(out.cast_into::<PyList>()?))
+        let out = out.cast_into::<PyList>()?;
+        // Nothing runs user code between reading the items and here; the
+        // check keeps the rows and the model input in step regardless.
+        Ok((out.len() == (prompt.len + completion.len).saturating_sub(1)).then_some(out))
     }
 }
 

@@ -244,3 +244,33 @@ def test_an_exception_from_iter_propagates_and_a_lying_len_is_ignored():
     assert datums[-1].model_input.to_ints() == [1, 2, 4]
     groups = [ExplodingGroup([Trajectory([Turn([1], [2, 3], [-1.0, -1.0])], 1.0)])]
     assert trd.compute_advantages(groups) == [[1.0]]
+
+
+class Growing:
+    """An integer whose __index__ appends to the list it sits in."""
+
+    def __init__(self, host):
+        self.host = host
+
+    def __index__(self):
+        self.host.append(99)
+        return 5
+
+
+class Shrinking(Growing):
+    def __index__(self):
+        self.host.clear()
+        return 5
+
+
+def test_a_list_changed_while_read_gives_a_clean_result_or_error():
+    prompt = [1, 2]
+    prompt.append(Growing(prompt))
+    datums, _ = trd.assemble_training_data(batch(Turn(prompt, [4, 5], [-0.5, -0.25])), ADVANTAGES)
+    # Rows are laid out for the length seen first; the appended items are not read.
+    assert datums[-1].model_input.to_ints() == [1, 2, 5, 4]
+    prompt = [1, 2]
+    prompt.append(Shrinking(prompt))
+    prompt.append(7)
+    with pytest.raises(IndexError):
+        trd.assemble_training_data(batch(Turn(prompt, [4, 5], [-0.5, -0.25])), ADVANTAGES)
