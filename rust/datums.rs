@@ -59,10 +59,19 @@ fn pydantic_model<'py>(cls: &Bound<'py, PyType>, fields: &Bound<'py, PyDict>, se
     let py = cls.py();
     let obj = blank(cls)?;
     set(&obj, intern!(py, "__dict__"), fields.as_any())?;
-    set(&obj, intern!(py, "__pydantic_fields_set__"), PySet::new(py, [set_field])?.as_any())?;
+    set(&obj, intern!(py, "__pydantic_fields_set__"), &untracked(PySet::new(py, [set_field])?.into_any()))?;
     set(&obj, intern!(py, "__pydantic_extra__"), &py.None().into_bound(py))?;
     set(&obj, intern!(py, "__pydantic_private__"), &py.None().into_bound(py))?;
     Ok(obj)
+}
+
+/// Takes a container holding only atoms (ints, strs) off the cyclic GC's
+/// books, as CPython does itself for such tuples and dicts: it can be in no
+/// cycle, and every collection would otherwise walk it (for a token list,
+/// item by item) -- with a large heap that cost more than building it.
+fn untracked(obj: Bound<'_, PyAny>) -> Bound<'_, PyAny> {
+    unsafe { ffi::PyObject_GC_UnTrack(obj.as_ptr().cast()) };
+    obj
 }
 
 fn tensor<'py>(cls: &Bound<'py, PyType>, dtype: &Bound<'py, PyString>, view: Bound<'py, PyAny>, n: usize) -> PyResult<Bound<'py, PyAny>> {
@@ -72,7 +81,7 @@ fn tensor<'py>(cls: &Bound<'py, PyType>, dtype: &Bound<'py, PyString>, view: Bou
         cls,
         [
             (intern!(py, "dtype"), dtype.as_any()),
-            (intern!(py, "shape"), PyList::new(py, [n])?.as_any()),
+            (intern!(py, "shape"), &untracked(PyList::new(py, [n])?.into_any())),
             (intern!(py, "sparse_crow_indices"), &none),
             (intern!(py, "sparse_col_indices"), &none),
             (intern!(py, "_numpy"), &view),
@@ -116,7 +125,7 @@ pub fn build_datums<'py>(
         let (start, n) = (bounds[0] as usize, (bounds[1] - bounds[0]) as usize);
 
         let chunk_fields = PyDict::new(py);
-        chunk_fields.set_item(intern!(py, "tokens"), tokens)?;
+        chunk_fields.set_item(intern!(py, "tokens"), untracked(tokens.into_any()))?;
         chunk_fields.set_item(intern!(py, "type"), intern!(py, "encoded_text"))?;
         let chunk = pydantic_model(&classes.chunk, &chunk_fields, intern!(py, "tokens"))?;
         let input_fields = PyDict::new(py);

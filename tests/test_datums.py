@@ -65,3 +65,20 @@ def test_gc_paused_restores_the_previous_state():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@direct_only
+def test_only_containers_of_atoms_are_untracked():
+    """The direct path takes token lists, shape lists and pydantic's
+    field-name sets off the cyclic GC's books (they hold only ints or strs,
+    so they can be in no cycle); every other container stays tracked."""
+    batch = rows._probe_batch()
+    (datum, *_), (meta, *_), _ = rows._direct(batch, [[0.5, -0.5]])
+    chunk = datum.model_input.chunks[0]
+    untracked = [chunk.tokens, chunk.__pydantic_fields_set__, datum.model_input.__pydantic_fields_set__]
+    untracked += [td.shape for td in datum.loss_fn_inputs.values()]
+    assert not any(gc.is_tracked(c) for c in untracked)
+    assert all(type(x) in (int, str) for c in untracked for x in c)
+    tracked = [datum, datum.loss_fn_inputs, datum.model_input, datum.model_input.chunks, chunk, meta, meta.tags]
+    tracked += list(datum.loss_fn_inputs.values())
+    assert all(gc.is_tracked(c) for c in tracked)
