@@ -118,6 +118,34 @@ def list_floor(groups):
     ]
 
 
+def other_thread_share(call, seconds: float = 2.0) -> float:
+    """The share of a busy Python thread's progress kept while `call` runs
+    in a loop beside it, against the same thread running alone."""
+    import threading
+
+    def spin(stop, out):
+        n = 0
+        while not stop.is_set():
+            n += 1
+        out.append(n)
+
+    rates = []
+    for busy in (False, True):
+        stop, out = threading.Event(), []
+        thread = threading.Thread(target=spin, args=(stop, out))
+        thread.start()
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            if busy:
+                call()
+            else:
+                time.sleep(0.01)
+        stop.set()
+        thread.join()
+        rates.append(out[0] / (time.perf_counter() - t0))
+    return rates[1] / rates[0]
+
+
 def pipeline(module):
     def run(groups):
         advantages = module.compute_advantages(groups)
@@ -203,13 +231,20 @@ def main() -> None:
             rows.append(row(f"{impl_name} 4096x16", label, t, n_traj, n_traj, r))
     del small
 
+    # How much of a call other Python threads (rollout workers) get to run.
+    groups = WORKLOADS["single_turn_long"].build()
+    advantages = trd.compute_advantages(groups)
+    gil = {fn.__name__: other_thread_share(lambda: fn(groups, advantages)) for fn in (trd.assemble_arrays, trd.assemble_training_data)}
+    del groups, advantages
+    gc.collect()
+
     # Scaling: cost per position from 1x to 16x single_turn_long.
     scaling = []
     base = WORKLOADS["single_turn_long"]
     for scale in ([1, 4] if args.quick else [1, 2, 4, 8, 16]):
         groups = base.build(scale=scale)
         n_pos, n_datums = positions(groups)
-        t = timed(lambda: pipeline(trd)(groups), max(3, repeats if scale <= 4 else 3))
+        t = timed(lambda: pipeline(trd)(groups), repeats)
         scaling.append((scale, n_pos, statistics.median(t) / n_pos * 1e9))
         print(f"scale {scale}x: {n_pos:,} positions, {scaling[-1][2]:.1f} ns/position", flush=True)
         del groups
@@ -228,10 +263,10 @@ def main() -> None:
         big = (n_pos, n_datums, seconds, peak, held)
         print(f"50M run: {n_pos:,} positions in {seconds:.2f} s", flush=True)
 
-    write_results(rows, scaling, big, repeats)
+    write_results(rows, scaling, big, repeats, gil)
 
 
-def write_results(rows, scaling, big, repeats) -> None:
+def write_results(rows, scaling, big, repeats, gil) -> None:
     per_pos = [s[2] for s in scaling]
     spread = (max(per_pos) / min(per_pos) - 1) * 100 if per_pos else float("nan")
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
@@ -255,6 +290,16 @@ def write_results(rows, scaling, big, repeats) -> None:
         *[f"| {s}x | {n:,} | {v:.1f} |" for s, n, v in scaling],
         "",
         f"Spread of ns/position across the series: {spread:.0f}% (max/min - 1).",
+    ]
+    lines += [
+        "",
+        "## Other Python threads during a call",
+        "",
+        "A thread counting in a Python loop, while single_turn_long is assembled over and over beside it,",
+        "keeps this share of the rate it has alone (with a second thread both share the GIL; 0.5 would be",
+        "an even split):",
+        "",
+        *[f"- {name}: {share:.2f}" for name, share in gil.items()],
     ]
     if big:
         n_pos, n_datums, secs, peak, held = big

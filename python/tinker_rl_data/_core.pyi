@@ -5,6 +5,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+__all__ = ["__version__", "compute_advantages", "reward_metrics", "assemble_arrays", "assemble_datums", "_panic_probe"]
+
 __version__: str
 
 def compute_advantages(groups: Any, normalize: bool) -> list[list[float]]: ...

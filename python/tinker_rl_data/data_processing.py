@@ -58,9 +58,11 @@ class RowArrays(NamedTuple):
 def assemble_arrays(trajectory_groups: Sequence[Any], advantages: Sequence[Sequence[float]]) -> RowArrays:
     """The rows of :func:`assemble_training_data` as flat numpy arrays, for
     callers who pack rows themselves (no Datum objects are made)."""
-    *arrays, fitted = _core.assemble_arrays(_as_sequence(trajectory_groups), advantages)
+    inputs, targets, logprobs, advs, offsets, group_idx, traj_idx, turn_idx, fitted = _core.assemble_arrays(
+        _as_sequence(trajectory_groups), advantages
+    )
     _warn_fitted(fitted)
-    return RowArrays(*arrays)
+    return RowArrays(inputs, targets, logprobs, advs, offsets, group_idx, traj_idx, turn_idx)
 
 
 def compute_trajectory_metrics(groups: Sequence[Any]) -> dict[str, float]:

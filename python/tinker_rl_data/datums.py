@@ -107,7 +107,8 @@ def _same_model(a: Any, b: Any) -> bool:
     if type(a) is not type(b):
         return False
     for slot in _PYDANTIC_STATE:
-        x, y = getattr(a, slot, None), getattr(b, slot, None)
+        x: Any = getattr(a, slot, None)
+        y: Any = getattr(b, slot, None)
         if slot != "__dict__":
             if x != y:
                 return False

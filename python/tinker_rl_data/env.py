@@ -8,9 +8,15 @@ numpy arrays.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Sequence, Union
+
+import numpy as np
+import numpy.typing as npt
 
 __all__ = ["Trajectory", "TrajectoryGroup", "Turn"]
+
+Tokens = Union[Sequence[int], npt.NDArray[np.integer]]
+Logprobs = Union[Sequence[float], npt.NDArray[np.floating]]
 
 
 @dataclass
@@ -18,9 +24,9 @@ class Turn:
     """One assistant turn: the full context the policy saw, what it sampled,
     and the sampler's logprob of each sampled token."""
 
-    prompt_tokens: Sequence[int]
-    completion_tokens: Sequence[int]
-    logprobs: Sequence[float]
+    prompt_tokens: Tokens
+    completion_tokens: Tokens
+    logprobs: Logprobs
     text: str = ""
 
 
