@@ -269,6 +269,8 @@ def main() -> None:
 def write_results(rows, scaling, big, repeats, gil) -> None:
     per_pos = [s[2] for s in scaling]
     spread = (max(per_pos) / min(per_pos) - 1) * 100 if per_pos else float("nan")
+    mid = statistics.median(per_pos) if per_pos else float("nan")
+    low, high = ((min(per_pos) / mid - 1) * 100, (max(per_pos) / mid - 1) * 100) if per_pos else (0, 0)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     lines = [
         "# Benchmark results",
@@ -289,7 +291,7 @@ def write_results(rows, scaling, big, repeats, gil) -> None:
         "| ---: | ---: | ---: |",
         *[f"| {s}x | {n:,} | {v:.1f} |" for s, n, v in scaling],
         "",
-        f"Spread of ns/position across the series: {spread:.0f}% (max/min - 1).",
+        f"ns/position across the series: {low:+.0f}% to {high:+.0f}% of its median; max/min - 1 = {spread:.0f}%.",
     ]
     lines += [
         "",
