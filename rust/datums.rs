@@ -20,31 +20,35 @@ pub struct DatumClasses<'py> {
     pub metadata: Bound<'py, PyType>,
 }
 
-/// `cls.__new__(cls)` without `__init__`: an empty instance whose fields the
-/// caller sets whole, `__dict__` and all (pydantic models).
-fn bare<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
+type NewFunc = unsafe extern "C" fn(*mut ffi::PyTypeObject, *mut ffi::PyObject, *mut ffi::PyObject) -> *mut ffi::PyObject;
+
+/// An instance of `cls` made by `new` with no arguments and no `__init__`.
+fn new_instance<'py>(cls: &Bound<'py, PyType>, new: NewFunc) -> PyResult<Bound<'py, PyAny>> {
     unsafe {
         let args = ffi::PyTuple_New(0);
-        let obj = ffi::PyType_GenericNew(cls.as_type_ptr(), args, std::ptr::null_mut());
+        let obj = new(cls.as_type_ptr(), args, std::ptr::null_mut());
         ffi::Py_DecRef(args);
         Bound::from_owned_ptr_or_err(cls.py(), obj)
     }
 }
 
-/// `object.__new__(cls)`: no `__init__`, no fields yet. Called through
-/// `object`'s own `tp_new`, which (unlike `PyType_GenericNew`) also sets up
-/// the instance's compact attribute storage, so the fields set next need no
-/// dict (a third of the instructions of building a Datum, by callgrind).
-fn blank<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
-    type NewFunc = unsafe extern "C" fn(*mut ffi::PyTypeObject, *mut ffi::PyObject, *mut ffi::PyObject) -> *mut ffi::PyObject;
-    unsafe {
-        let slot = ffi::PyType_GetSlot(&raw mut ffi::PyBaseObject_Type, ffi::Py_tp_new);
-        let object_new: NewFunc = std::mem::transmute(slot);
-        let args = ffi::PyTuple_New(0);
-        let obj = object_new(cls.as_type_ptr(), args, std::ptr::null_mut());
-        ffi::Py_DecRef(args);
-        Bound::from_owned_ptr_or_err(cls.py(), obj)
+/// Just allocated: for objects whose `__dict__` is then set whole
+/// (pydantic models, as `model_construct` does).
+fn allocated<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
+    new_instance(cls, ffi::PyType_GenericNew)
+}
+
+/// `object.__new__(cls)`, through `object`'s own `tp_new`: unlike a bare
+/// allocation it also sets up the instance's compact attribute storage, so
+/// the fields set next need no dict of their own (by callgrind, a Datum's
+/// attribute stores took a third of its instructions without it).
+fn object_new<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
+    let slot = unsafe { ffi::PyType_GetSlot(&raw mut ffi::PyBaseObject_Type, ffi::Py_tp_new) };
+    if slot.is_null() {
+        return Err(PyErr::fetch(cls.py()));
     }
+    // Safety: the `tp_new` slot of `object` holds a `newfunc`.
+    new_instance(cls, unsafe { std::mem::transmute::<*mut std::ffi::c_void, NewFunc>(slot) })
 }
 
 /// A dataclass instance with its fields set, in order, as its `__init__`
@@ -54,7 +58,7 @@ fn dataclass<'py, const N: usize>(
     cls: &Bound<'py, PyType>,
     fields: [(&Bound<'py, PyString>, &Bound<'py, PyAny>); N],
 ) -> PyResult<Bound<'py, PyAny>> {
-    let obj = blank(cls)?;
+    let obj = object_new(cls)?;
     for (name, value) in fields {
         set(&obj, name, value)?;
     }
@@ -74,7 +78,7 @@ fn set(obj: &Bound<'_, PyAny>, name: &Bound<'_, PyString>, value: &Bound<'_, PyA
 /// fields, no extra, no private state.
 fn pydantic_model<'py>(cls: &Bound<'py, PyType>, fields: &Bound<'py, PyDict>, set_field: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
     let py = cls.py();
-    let obj = bare(cls)?;
+    let obj = allocated(cls)?;
     set(&obj, intern!(py, "__dict__"), fields.as_any())?;
     set(&obj, intern!(py, "__pydantic_fields_set__"), &untracked(PySet::new(py, [set_field])?.into_any()))?;
     set(&obj, intern!(py, "__pydantic_extra__"), &py.None().into_bound(py))?;
