@@ -171,3 +171,44 @@ def test_threads_agree_with_a_single_thread():
     assert not errors and len(results) == 60
     assert all(r == expected for r in results)
     assert gc.isenabled()
+
+
+def test_no_references_are_leaked_or_lost():
+    """Every input object's reference count is back where it was once the
+    results are gone (a leak would pin the caller's ints; a lost reference
+    would crash later)."""
+    import sys
+
+    token, logprob, reward = 2**31 - 7, -0.123456789, 0.75
+    prompt, completion, logprobs = [token] * 5, [token, 12345678], [logprob, logprob]
+    batch = [
+        TrajectoryGroup([Trajectory([Turn(prompt, completion, logprobs), Turn((token, 1), (token,), (logprob,))], reward=reward)],
+                        tags=["t"])
+    ]
+    watched = [token, logprob, reward, prompt, completion, logprobs, batch[0].tags]
+    before = [sys.getrefcount(x) for x in watched]
+    for _ in range(3):
+        advantages = trd.compute_advantages(batch)
+        datums, meta = trd.assemble_training_data(batch, advantages)
+        assert datums[0].model_input.to_ints()[0] is token  # shared, not copied
+        rows = trd.assemble_arrays(batch, advantages)
+        metrics = trd.compute_trajectory_metrics(batch)
+        del advantages, datums, meta, rows, metrics
+    gc.collect()
+    assert [sys.getrefcount(x) for x in watched] == before
+
+
+def test_an_error_late_in_the_batch_leaves_no_references_behind():
+    import sys
+
+    token = 2**31 - 9
+    prompt = [token] * 4
+    good = Trajectory([Turn(prompt, [token, token], [-1.0, -1.0])], reward=1.0)
+    bad = Trajectory([Turn([1], [2**31], [-1.0])], reward=1.0)
+    batch = [TrajectoryGroup([good, good]), TrajectoryGroup([good, bad])]
+    before = sys.getrefcount(token), sys.getrefcount(prompt)
+    for _ in range(3):
+        with pytest.raises(ValueError, match="^group 1, trajectory 1, turn 0: token 2147483648"):
+            trd.assemble_training_data(batch, [[0.0, 0.0], [0.0, 0.0]])
+    gc.collect()
+    assert (sys.getrefcount(token), sys.getrefcount(prompt)) == before
