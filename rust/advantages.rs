@@ -15,7 +15,11 @@ pub fn accurate_sum(xs: &[f64]) -> f64 {
         sum = t;
     }
     // Past overflow the compensation is inf - inf = nan: the sum is inf.
-    if sum.is_finite() { sum + compensation } else { sum }
+    if sum.is_finite() {
+        sum + compensation
+    } else {
+        sum
+    }
 }
 
 pub fn mean(xs: &[f64]) -> f64 {
@@ -47,7 +51,10 @@ pub fn reward_stats(rewards: &[f64]) -> Option<RewardStats> {
     }
     let m = mean(rewards);
     let squares: Vec<f64> = rewards.iter().map(|r| (r - m) * (r - m)).collect();
-    Some(RewardStats { mean: m, std: (accurate_sum(&squares) / rewards.len() as f64).sqrt() })
+    Some(RewardStats {
+        mean: m,
+        std: (accurate_sum(&squares) / rewards.len() as f64).sqrt(),
+    })
 }
 
 #[cfg(test)]

@@ -20,7 +20,8 @@ pub struct DatumClasses<'py> {
     pub metadata: Bound<'py, PyType>,
 }
 
-type NewFunc = unsafe extern "C" fn(*mut ffi::PyTypeObject, *mut ffi::PyObject, *mut ffi::PyObject) -> *mut ffi::PyObject;
+type NewFunc =
+    unsafe extern "C" fn(*mut ffi::PyTypeObject, *mut ffi::PyObject, *mut ffi::PyObject) -> *mut ffi::PyObject;
 
 /// An instance of `cls` made by `new` with no arguments and no `__init__`.
 fn new_instance<'py>(cls: &Bound<'py, PyType>, new: NewFunc) -> PyResult<Bound<'py, PyAny>> {
@@ -48,7 +49,9 @@ fn object_new<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
         return Err(PyErr::fetch(cls.py()));
     }
     // Safety: the `tp_new` slot of `object` holds a `newfunc`.
-    new_instance(cls, unsafe { std::mem::transmute::<*mut std::ffi::c_void, NewFunc>(slot) })
+    new_instance(cls, unsafe {
+        std::mem::transmute::<*mut std::ffi::c_void, NewFunc>(slot)
+    })
 }
 
 /// A dataclass instance with its fields set, in order, as its `__init__`
@@ -76,11 +79,19 @@ fn set(obj: &Bound<'_, PyAny>, name: &Bound<'_, PyString>, value: &Bound<'_, PyA
 
 /// A pydantic model as `model_construct` leaves it: fields, the set
 /// fields, no extra, no private state.
-fn pydantic_model<'py>(cls: &Bound<'py, PyType>, fields: &Bound<'py, PyDict>, set_field: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
+fn pydantic_model<'py>(
+    cls: &Bound<'py, PyType>,
+    fields: &Bound<'py, PyDict>,
+    set_field: &Bound<'py, PyString>,
+) -> PyResult<Bound<'py, PyAny>> {
     let py = cls.py();
     let obj = allocated(cls)?;
     set(&obj, intern!(py, "__dict__"), fields.as_any())?;
-    set(&obj, intern!(py, "__pydantic_fields_set__"), &untracked(PySet::new(py, [set_field])?.into_any()))?;
+    set(
+        &obj,
+        intern!(py, "__pydantic_fields_set__"),
+        &untracked(PySet::new(py, [set_field])?.into_any()),
+    )?;
     set(&obj, intern!(py, "__pydantic_extra__"), &py.None().into_bound(py))?;
     set(&obj, intern!(py, "__pydantic_private__"), &py.None().into_bound(py))?;
     Ok(obj)
@@ -95,7 +106,12 @@ fn untracked(obj: Bound<'_, PyAny>) -> Bound<'_, PyAny> {
     obj
 }
 
-fn tensor<'py>(cls: &Bound<'py, PyType>, dtype: &Bound<'py, PyString>, view: Bound<'py, PyAny>, n: usize) -> PyResult<Bound<'py, PyAny>> {
+fn tensor<'py>(
+    cls: &Bound<'py, PyType>,
+    dtype: &Bound<'py, PyString>,
+    view: Bound<'py, PyAny>,
+    n: usize,
+) -> PyResult<Bound<'py, PyAny>> {
     let py = cls.py();
     let none = py.None().into_bound(py);
     dataclass(
@@ -155,9 +171,18 @@ pub fn build_datums<'py>(
 
         let loss_fn_inputs = PyDict::new(py);
         let td = &classes.tensor_data;
-        loss_fn_inputs.set_item(intern!(py, "target_tokens"), tensor(td, int64, view(&columns.targets, start, n), n)?)?;
-        loss_fn_inputs.set_item(intern!(py, "logprobs"), tensor(td, float32, view(&columns.logprobs, start, n), n)?)?;
-        loss_fn_inputs.set_item(intern!(py, "advantages"), tensor(td, float32, view(&columns.advantages, start, n), n)?)?;
+        loss_fn_inputs.set_item(
+            intern!(py, "target_tokens"),
+            tensor(td, int64, view(&columns.targets, start, n), n)?,
+        )?;
+        loss_fn_inputs.set_item(
+            intern!(py, "logprobs"),
+            tensor(td, float32, view(&columns.logprobs, start, n), n)?,
+        )?;
+        loss_fn_inputs.set_item(
+            intern!(py, "advantages"),
+            tensor(td, float32, view(&columns.advantages, start, n), n)?,
+        )?;
         datums.append(dataclass(
             &classes.datum,
             [
@@ -177,8 +202,14 @@ pub fn build_datums<'py>(
             &classes.metadata,
             [
                 (intern!(py, "group_idx"), &g.into_pyobject(py)?.into_any()),
-                (intern!(py, "traj_idx"), &at.trajectory.unwrap_or(0).into_pyobject(py)?.into_any()),
-                (intern!(py, "turn_idx"), &at.turn.unwrap_or(0).into_pyobject(py)?.into_any()),
+                (
+                    intern!(py, "traj_idx"),
+                    &at.trajectory.unwrap_or(0).into_pyobject(py)?.into_any(),
+                ),
+                (
+                    intern!(py, "turn_idx"),
+                    &at.turn.unwrap_or(0).into_pyobject(py)?.into_any(),
+                ),
                 (intern!(py, "tags"), &group_tags),
             ],
         )?)?;

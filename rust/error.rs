@@ -20,24 +20,43 @@ pub struct Location {
 }
 
 impl Location {
-    pub const BATCH: Location = Location { group: None, trajectory: None, turn: None };
+    pub const BATCH: Location = Location {
+        group: None,
+        trajectory: None,
+        turn: None,
+    };
 
     pub fn group(g: usize) -> Self {
-        Location { group: Some(g), ..Self::BATCH }
+        Location {
+            group: Some(g),
+            ..Self::BATCH
+        }
     }
 
     pub fn trajectory(g: usize, t: usize) -> Self {
-        Location { group: Some(g), trajectory: Some(t), turn: None }
+        Location {
+            group: Some(g),
+            trajectory: Some(t),
+            turn: None,
+        }
     }
 
     pub fn turn(g: usize, t: usize, u: usize) -> Self {
-        Location { group: Some(g), trajectory: Some(t), turn: Some(u) }
+        Location {
+            group: Some(g),
+            trajectory: Some(t),
+            turn: Some(u),
+        }
     }
 }
 
 impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts = [("group", self.group), ("trajectory", self.trajectory), ("turn", self.turn)];
+        let parts = [
+            ("group", self.group),
+            ("trajectory", self.trajectory),
+            ("turn", self.turn),
+        ];
         let mut first = true;
         for (name, index) in parts {
             if let Some(i) = index {
@@ -62,7 +81,11 @@ pub struct InputError {
 impl InputError {
     #[cold]
     pub fn new(kind: ErrorKind, location: Location, message: impl Into<String>) -> Self {
-        InputError { kind, location, message: message.into() }
+        InputError {
+            kind,
+            location,
+            message: message.into(),
+        }
     }
 }
 
@@ -82,8 +105,15 @@ mod tests {
 
     #[test]
     fn message_starts_with_the_location() {
-        let e = InputError::new(ErrorKind::Value, Location::turn(2, 1, 1), "token 2147483648 is outside 0..2147483647");
-        assert_eq!(e.to_string(), "group 2, trajectory 1, turn 1: token 2147483648 is outside 0..2147483647");
+        let e = InputError::new(
+            ErrorKind::Value,
+            Location::turn(2, 1, 1),
+            "token 2147483648 is outside 0..2147483647",
+        );
+        assert_eq!(
+            e.to_string(),
+            "group 2, trajectory 1, turn 1: token 2147483648 is outside 0..2147483647"
+        );
         let e = InputError::new(ErrorKind::Value, Location::trajectory(0, 3), "reward nan is not finite");
         assert_eq!(e.to_string(), "group 0, trajectory 3: reward nan is not finite");
         let e = InputError::new(ErrorKind::Value, Location::group(4), "x");

@@ -32,7 +32,9 @@ fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
             .map(|s| s.to_string())
             .or_else(|| payload.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "unknown panic".into());
-        Err(PyRuntimeError::new_err(format!("internal error in tinker_rl_data (please report): {what}")))
+        Err(PyRuntimeError::new_err(format!(
+            "internal error in tinker_rl_data (please report): {what}"
+        )))
     })
 }
 
@@ -43,7 +45,12 @@ fn trajectories_of<'py>(groups: &Items<'py>, g: usize) -> PyResult<Items<'py>> {
 }
 
 fn reward_of(trajectory: &Bound<'_, PyAny>, at: Location) -> PyResult<f64> {
-    read_real(&attr(trajectory, intern!(trajectory.py(), "reward"), at)?, "reward", false, at)
+    read_real(
+        &attr(trajectory, intern!(trajectory.py(), "reward"), at)?,
+        "reward",
+        false,
+        at,
+    )
 }
 
 /// Each group's trajectory count and all rewards, in order, checked.
@@ -99,7 +106,10 @@ struct TurnPlan<'py> {
 
 impl TurnPlan<'_> {
     fn shape(&self) -> TurnShape {
-        TurnShape { prompt_len: self.prompt.len(), completion_len: self.completion.len() }
+        TurnShape {
+            prompt_len: self.prompt.len(),
+            completion_len: self.completion.len(),
+        }
     }
 }
 
@@ -115,28 +125,48 @@ fn plan_batch<'py>(groups: &Bound<'py, PyAny>, advantages: &Bound<'py, PyAny>, w
     let groups = Items::of(groups, "trajectory_groups", ItemKind::Object, Location::BATCH)?;
     let advantages = Items::of(advantages, "advantages", ItemKind::Object, Location::BATCH)?;
     if advantages.len() != groups.len() {
-        let message = format!("advantages has {} groups for {} trajectory groups", advantages.len(), groups.len());
+        let message = format!(
+            "advantages has {} groups for {} trajectory groups",
+            advantages.len(),
+            groups.len()
+        );
         return Err(input_error(InputError::new(ErrorKind::Value, Location::BATCH, message)));
     }
-    let mut plan = Plan { turns: Vec::new(), tags: Vec::new() };
+    let mut plan = Plan {
+        turns: Vec::new(),
+        tags: Vec::new(),
+    };
     for g in 0..groups.len() {
         let at = Location::group(g);
         let trajectories = trajectories_of(&groups, g)?;
         let group_advantages = Items::of(&advantages.get_bound(g)?, "advantages", ItemKind::Real, at)?;
         if group_advantages.len() != trajectories.len() {
-            let message =
-                format!("advantages has {} entries for {} trajectories", group_advantages.len(), trajectories.len());
+            let message = format!(
+                "advantages has {} entries for {} trajectories",
+                group_advantages.len(),
+                trajectories.len()
+            );
             return Err(input_error(InputError::new(ErrorKind::Value, at, message)));
         }
         if with_tags {
-            plan.tags.push(groups.get_bound(g)?.getattr_opt(intern!(py, "tags"))?.filter(|t| !t.is_none()));
+            plan.tags.push(
+                groups
+                    .get_bound(g)?
+                    .getattr_opt(intern!(py, "tags"))?
+                    .filter(|t| !t.is_none()),
+            );
         }
         for t in 0..trajectories.len() {
             let at = Location::trajectory(g, t);
             let trajectory = trajectories.get_bound(t)?;
             reward_of(&trajectory, at)?;
             let advantage = read_real(&group_advantages.get_bound(t)?, "advantage", true, at)? as f32;
-            let turns = Items::of(&attr(&trajectory, intern!(py, "turns"), at)?, "turns", ItemKind::Object, at)?;
+            let turns = Items::of(
+                &attr(&trajectory, intern!(py, "turns"), at)?,
+                "turns",
+                ItemKind::Object,
+                at,
+            )?;
             for u in 0..turns.len() {
                 let at = Location::turn(g, t, u);
                 let turn = turns.get_bound(u)?;
@@ -167,7 +197,12 @@ struct Assembled<'py> {
     fitted_turns: usize,
 }
 
-fn assemble_rows<'py>(py: Python<'py>, plan: &Plan<'py>, with_input_tokens: bool, with_model_inputs: bool) -> PyResult<Assembled<'py>> {
+fn assemble_rows<'py>(
+    py: Python<'py>,
+    plan: &Plan<'py>,
+    with_input_tokens: bool,
+    with_model_inputs: bool,
+) -> PyResult<Assembled<'py>> {
     let kept: Vec<&TurnPlan> = plan.turns.iter().filter(|t| t.shape().is_kept()).collect();
     let shapes: Vec<TurnShape> = kept.iter().map(|t| t.shape()).collect();
     let offsets = row_offsets(&shapes);
@@ -205,16 +240,29 @@ fn assemble_rows<'py>(py: Python<'py>, plan: &Plan<'py>, with_input_tokens: bool
         }
         let span = offsets[row] as usize..offsets[row + 1] as usize;
         let n = span.len();
-        let inputs = if input_slice.is_empty() { &mut [][..] } else { &mut input_slice[span.clone()] };
+        let inputs = if input_slice.is_empty() {
+            &mut [][..]
+        } else {
+            &mut input_slice[span.clone()]
+        };
         let mut writer = RowMut::new(shape, inputs, &mut target_slice[span.clone()], &mut logprob_slice[span]);
         let p = shape.prompt_len;
-        let prompt_exact = read_tokens(&turn.prompt, "prompt_tokens", at, |i, v, _| Ok(writer.set_token(i, v)))?;
-        let completion_exact =
-            read_tokens(&turn.completion, "completion_tokens", at, |i, v, _| Ok(writer.set_token(p + i, v)))?;
+        let prompt_exact = read_tokens(&turn.prompt, "prompt_tokens", at, |i, v, _| {
+            writer.set_token(i, v);
+            Ok(())
+        })?;
+        let completion_exact = read_tokens(&turn.completion, "completion_tokens", at, |i, v, _| {
+            writer.set_token(p + i, v);
+            Ok(())
+        })?;
         if with_model_inputs {
             // Built before the logprobs are read: reading those may run user
             // code (__float__), which must not change the lists under us.
-            let shared = if prompt_exact && completion_exact { concat_lists(&turn.prompt, &turn.completion)? } else { None };
+            let shared = if prompt_exact && completion_exact {
+                concat_lists(&turn.prompt, &turn.completion)?
+            } else {
+                None
+            };
             model_inputs.push(match shared {
                 Some(list) => list,
                 None => model_input_list(turn, n)?,
@@ -250,15 +298,23 @@ fn assemble_rows<'py>(py: Python<'py>, plan: &Plan<'py>, with_input_tokens: bool
 fn model_input_list<'py>(turn: &TurnPlan<'py>, n: usize) -> PyResult<Bound<'py, PyList>> {
     let mut list = IntList::new(turn.prompt.py(), n)?;
     let p = turn.prompt.len();
-    read_tokens(&turn.prompt, "prompt_tokens", turn.at, |i, v, item| list.set(i, v, item))?;
-    read_tokens(&turn.completion, "completion_tokens", turn.at, |i, v, item| match p + i < n {
-        true => list.set(p + i, v, item),
-        false => Ok(()),
+    read_tokens(&turn.prompt, "prompt_tokens", turn.at, |i, v, item| {
+        list.set(i, v, item)
+    })?;
+    read_tokens(&turn.completion, "completion_tokens", turn.at, |i, v, item| {
+        match p + i < n {
+            true => list.set(p + i, v, item),
+            false => Ok(()),
+        }
     })?;
     Ok(list.into_list())
 }
 
-fn index_column<'py>(py: Python<'py>, kept: &[Location], part: impl Fn(&Location) -> Option<usize>) -> Bound<'py, PyAny> {
+fn index_column<'py>(
+    py: Python<'py>,
+    kept: &[Location],
+    part: impl Fn(&Location) -> Option<usize>,
+) -> Bound<'py, PyAny> {
     let column: Vec<i64> = kept.iter().map(|at| part(at).unwrap_or(0) as i64).collect();
     column.to_pyarray(py).into_any()
 }
@@ -266,7 +322,10 @@ fn index_column<'py>(py: Python<'py>, kept: &[Location], part: impl Fn(&Location
 /// The rows as flat arrays: `(input_tokens, target_tokens, logprobs,
 /// advantages, row_offsets, group_idx, traj_idx, turn_idx, fitted_turns)`.
 #[pyfunction(name = "assemble_arrays")]
-pub fn py_assemble_arrays<'py>(groups: &Bound<'py, PyAny>, advantages: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
+pub fn py_assemble_arrays<'py>(
+    groups: &Bound<'py, PyAny>,
+    advantages: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyTuple>> {
     guarded(|| {
         let py = groups.py();
         let plan = plan_batch(groups, advantages, false)?;
@@ -288,6 +347,15 @@ pub fn py_assemble_arrays<'py>(groups: &Bound<'py, PyAny>, advantages: &Bound<'p
     })
 }
 
+/// `(Datum, ModelInput, EncodedTextChunk, TensorData, DatumMetadata)`.
+type ClassTuple<'py> = (
+    Bound<'py, PyType>,
+    Bound<'py, PyType>,
+    Bound<'py, PyType>,
+    Bound<'py, PyType>,
+    Bound<'py, PyType>,
+);
+
 /// `(datums, metadata, fitted_turns)`, built straight into the classes
 /// given (tinker's `Datum`, `ModelInput`, `EncodedTextChunk`, `TensorData`
 /// and our `DatumMetadata`), filling the fields their constructors would.
@@ -295,18 +363,41 @@ pub fn py_assemble_arrays<'py>(groups: &Bound<'py, PyAny>, advantages: &Bound<'p
 pub fn py_assemble_datums<'py>(
     groups: &Bound<'py, PyAny>,
     advantages: &Bound<'py, PyAny>,
-    classes: (Bound<'py, PyType>, Bound<'py, PyType>, Bound<'py, PyType>, Bound<'py, PyType>, Bound<'py, PyType>),
+    classes: ClassTuple<'py>,
 ) -> PyResult<Bound<'py, PyTuple>> {
     guarded(|| {
         let py = groups.py();
         let plan = plan_batch(groups, advantages, true)?;
         let rows = assemble_rows(py, &plan, false, true)?;
         let (datum, model_input, chunk, tensor_data, metadata) = classes;
-        let classes = DatumClasses { datum, model_input, chunk, tensor_data, metadata };
-        let columns = Columns { targets: rows.targets, logprobs: rows.logprobs, advantages: rows.advantages };
-        let (datums, metadata) =
-            build_datums(&classes, rows.model_inputs, &columns, &rows.offsets, &rows.kept, &plan.tags)?;
-        PyTuple::new(py, [datums.into_any(), metadata.into_any(), rows.fitted_turns.into_pyobject(py)?.into_any()])
+        let classes = DatumClasses {
+            datum,
+            model_input,
+            chunk,
+            tensor_data,
+            metadata,
+        };
+        let columns = Columns {
+            targets: rows.targets,
+            logprobs: rows.logprobs,
+            advantages: rows.advantages,
+        };
+        let (datums, metadata) = build_datums(
+            &classes,
+            rows.model_inputs,
+            &columns,
+            &rows.offsets,
+            &rows.kept,
+            &plan.tags,
+        )?;
+        PyTuple::new(
+            py,
+            [
+                datums.into_any(),
+                metadata.into_any(),
+                rows.fitted_turns.into_pyobject(py)?.into_any(),
+            ],
+        )
     })
 }
 

@@ -17,7 +17,11 @@ pub const MAX_TOKEN: i64 = i32::MAX as i64;
 pub fn attr<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>, at: Location) -> PyResult<Bound<'py, PyAny>> {
     obj.getattr(name).map_err(|e| {
         if e.is_instance_of::<PyAttributeError>(obj.py()) {
-            let message = format!("{} object has no attribute '{}'", type_name(obj), name.to_string_lossy());
+            let message = format!(
+                "{} object has no attribute '{}'",
+                type_name(obj),
+                name.to_string_lossy()
+            );
             input_error(InputError::new(ErrorKind::Type, at, message))
         } else {
             e
@@ -55,13 +59,18 @@ impl<'py> Items<'py> {
             return Ok(Items::list(list.clone()));
         }
         if let Ok(tuple) = obj.cast::<PyTuple>() {
-            return Ok(Items { len: tuple.len(), seq: Seq::Tuple(tuple.clone()) });
+            return Ok(Items {
+                len: tuple.len(),
+                seq: Seq::Tuple(tuple.clone()),
+            });
         }
         let py = obj.py();
         if let Ok(array) = obj.cast::<PyUntypedArray>() {
             check_array(array, what, kind, at)?;
             // tolist() gives exact Python ints and floats: the list path.
-            return Ok(Items::list(obj.call_method0(intern!(py, "tolist"))?.cast_into::<PyList>()?));
+            return Ok(Items::list(
+                obj.call_method0(intern!(py, "tolist"))?.cast_into::<PyList>()?,
+            ));
         }
         if obj.is_instance_of::<PyString>() {
             return Err(not_a_sequence(obj, what, at));
@@ -74,7 +83,10 @@ impl<'py> Items<'py> {
     }
 
     fn list(list: Bound<'py, PyList>) -> Self {
-        Items { len: list.len(), seq: Seq::List(list) }
+        Items {
+            len: list.len(),
+            seq: Seq::List(list),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -157,7 +169,11 @@ pub fn read_tokens(
         let value = if unsafe { ffi::PyLong_CheckExact(item) } != 0 {
             let mut overflow = 0;
             let v = unsafe { ffi::PyLong_AsLongLongAndOverflow(item, &mut overflow) };
-            if overflow != 0 { None } else { Some(v) }
+            if overflow != 0 {
+                None
+            } else {
+                Some(v)
+            }
         } else {
             all_exact = false;
             index_value(items.py(), item)?
@@ -208,9 +224,16 @@ fn index_value(py: Python<'_>, item: *mut ffi::PyObject) -> PyResult<Option<i64>
 fn bad_token(item: &Bound<'_, PyAny>, at_item: Item<'_>, at: Location) -> PyErr {
     let Item { field, index } = at_item;
     let (kind, message) = if unsafe { ffi::PyIndex_Check(item.as_ptr()) } != 0 {
-        (ErrorKind::Value, format!("token {} is outside 0..{MAX_TOKEN} ({field}[{index}])", describe(item)))
+        (
+            ErrorKind::Value,
+            format!("token {} is outside 0..{MAX_TOKEN} ({field}[{index}])", describe(item)),
+        )
     } else {
-        let message = format!("token {} of type {} is not an integer ({field}[{index}])", describe(item), type_name(item));
+        let message = format!(
+            "token {} of type {} is not an integer ({field}[{index}])",
+            describe(item),
+            type_name(item)
+        );
         (ErrorKind::Type, message)
     };
     input_error(InputError::new(kind, at, message))
@@ -225,11 +248,30 @@ pub fn read_logprobs(items: &Items<'_>, at: Location, mut sink: impl FnMut(usize
         let v = if unsafe { ffi::PyFloat_CheckExact(item) } != 0 {
             let v = unsafe { ffi::PyFloat_AsDouble(item) };
             if !(v as f32).is_finite() {
-                return Err(not_finite(v, "logprob", true, Some(Item { field: "logprobs", index: k }), at));
+                return Err(not_finite(
+                    v,
+                    "logprob",
+                    true,
+                    Some(Item {
+                        field: "logprobs",
+                        index: k,
+                    }),
+                    at,
+                ));
             }
             v
         } else {
-            real_value(items.py(), item, "logprob", true, Some(Item { field: "logprobs", index: k }), at)?
+            real_value(
+                items.py(),
+                item,
+                "logprob",
+                true,
+                Some(Item {
+                    field: "logprobs",
+                    index: k,
+                }),
+                at,
+            )?
         };
         sink(k, v as f32);
     }
@@ -251,7 +293,11 @@ fn real_value(
     at: Location,
 ) -> PyResult<f64> {
     let is_text = unsafe { ffi::PyUnicode_Check(item) != 0 || ffi::PyBytes_Check(item) != 0 };
-    let v = if is_text { -1.0 } else { unsafe { ffi::PyFloat_AsDouble(item) } };
+    let v = if is_text {
+        -1.0
+    } else {
+        unsafe { ffi::PyFloat_AsDouble(item) }
+    };
     if is_text || (v == -1.0 && unsafe { !ffi::PyErr_Occurred().is_null() }) {
         return Err(not_real(py, item, what, at_item, at));
     }
@@ -263,7 +309,9 @@ fn real_value(
 }
 
 fn suffix(at_item: Option<Item<'_>>) -> String {
-    at_item.map(|Item { field, index }| format!(" ({field}[{index}])")).unwrap_or_default()
+    at_item
+        .map(|Item { field, index }| format!(" ({field}[{index}])"))
+        .unwrap_or_default()
 }
 
 #[cold]
@@ -276,7 +324,12 @@ fn not_real(py: Python<'_>, item: *mut ffi::PyObject, what: &str, at_item: Optio
         }
     }
     let obj = unsafe { Bound::from_borrowed_ptr(py, item) };
-    let message = format!("{what} {} of type {} is not a real number{}", describe(&obj), type_name(&obj), suffix(at_item));
+    let message = format!(
+        "{what} {} of type {} is not a real number{}",
+        describe(&obj),
+        type_name(&obj),
+        suffix(at_item)
+    );
     input_error(InputError::new(ErrorKind::Type, at, message))
 }
 
@@ -310,7 +363,9 @@ impl<'py> IntList<'py> {
     pub fn new(py: Python<'py>, len: usize) -> PyResult<Self> {
         // A new list's slots are NULL until set; dropping it early is safe.
         let list = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len as ffi::Py_ssize_t))? };
-        Ok(IntList { list: list.cast_into::<PyList>()? })
+        Ok(IntList {
+            list: list.cast_into::<PyList>()?,
+        })
     }
 
     #[inline(always)]
@@ -336,12 +391,18 @@ impl<'py> IntList<'py> {
 }
 
 pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
 }
 
 /// `repr(obj)`, shortened: error messages name the bad value, not a page of it.
 pub fn describe(obj: &Bound<'_, PyAny>) -> String {
-    let text = obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unprintable>".into());
+    let text = obj
+        .repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "<unprintable>".into());
     if text.chars().count() > 60 {
         format!("{}...", text.chars().take(57).collect::<String>())
     } else {

@@ -63,7 +63,12 @@ impl<'a> RowMut<'a> {
         let n = shape.positions();
         debug_assert!(targets.len() == n && logprobs.len() == n);
         debug_assert!(input_tokens.is_empty() || input_tokens.len() == n);
-        RowMut { shape, input_tokens, targets, logprobs }
+        RowMut {
+            shape,
+            input_tokens,
+            targets,
+            logprobs,
+        }
     }
 
     /// Token `i` of `full`.
@@ -158,7 +163,10 @@ mod tests {
     use super::*;
 
     fn shape(p: usize, c: usize) -> TurnShape {
-        TurnShape { prompt_len: p, completion_len: c }
+        TurnShape {
+            prompt_len: p,
+            completion_len: c,
+        }
     }
 
     #[test]
@@ -185,7 +193,12 @@ mod tests {
         assert!(!shape(0, 1).is_kept());
         assert!(shape(1, 1).is_kept());
         assert!(shape(0, 2).is_kept());
-        let rows = fill_rows(&[shape(2, 0), shape(0, 1), shape(1, 1)], &[1, 2, 3, 4, 5], &[-1.0, -2.0], &[9.0, 8.0, 7.0]);
+        let rows = fill_rows(
+            &[shape(2, 0), shape(0, 1), shape(1, 1)],
+            &[1, 2, 3, 4, 5],
+            &[-1.0, -2.0],
+            &[9.0, 8.0, 7.0],
+        );
         assert_eq!(rows.targets, vec![5]);
         assert_eq!(rows.logprobs, vec![-2.0]);
         assert_eq!(rows.advantages, vec![7.0]);
