@@ -245,23 +245,15 @@ fn bad_token(item: &Bound<'_, PyAny>, at_item: Item<'_>, at: Location) -> PyErr 
 pub fn read_logprobs(items: &Items<'_>, at: Location, mut sink: impl FnMut(usize, f32)) -> PyResult<()> {
     for k in 0..items.len() {
         let item = items.get(k)?;
-        let v = if unsafe { ffi::PyFloat_CheckExact(item) } != 0 {
-            let v = unsafe { ffi::PyFloat_AsDouble(item) };
-            if !(v as f32).is_finite() {
-                return Err(not_finite(
-                    v,
-                    "logprob",
-                    true,
-                    Some(Item {
-                        field: "logprobs",
-                        index: k,
-                    }),
-                    at,
-                ));
-            }
-            v
-        } else {
-            real_value(
+        // Nearly always a finite exact float, read inline; anything else
+        // takes the general path, which also raises the errors.
+        let fast = match unsafe { ffi::PyFloat_CheckExact(item) } != 0 {
+            true => Some(unsafe { ffi::PyFloat_AsDouble(item) } as f32).filter(|v| v.is_finite()),
+            false => None,
+        };
+        let v = match fast {
+            Some(v) => v,
+            None => real_value(
                 items.py(),
                 item,
                 "logprob",
@@ -271,9 +263,9 @@ pub fn read_logprobs(items: &Items<'_>, at: Location, mut sink: impl FnMut(usize
                     index: k,
                 }),
                 at,
-            )?
+            )? as f32,
         };
-        sink(k, v as f32);
+        sink(k, v);
     }
     Ok(())
 }
@@ -292,13 +284,8 @@ fn real_value(
     at_item: Option<Item<'_>>,
     at: Location,
 ) -> PyResult<f64> {
-    let is_text = unsafe { ffi::PyUnicode_Check(item) != 0 || ffi::PyBytes_Check(item) != 0 };
-    let v = if is_text {
-        -1.0
-    } else {
-        unsafe { ffi::PyFloat_AsDouble(item) }
-    };
-    if is_text || (v == -1.0 && unsafe { !ffi::PyErr_Occurred().is_null() }) {
+    let v = unsafe { ffi::PyFloat_AsDouble(item) };
+    if v == -1.0 && unsafe { !ffi::PyErr_Occurred().is_null() } {
         return Err(not_real(py, item, what, at_item, at));
     }
     let fits = if float32 { (v as f32).is_finite() } else { v.is_finite() };
@@ -316,12 +303,11 @@ fn suffix(at_item: Option<Item<'_>>) -> String {
 
 #[cold]
 fn not_real(py: Python<'_>, item: *mut ffi::PyObject, what: &str, at_item: Option<Item<'_>>, at: Location) -> PyErr {
-    // A TypeError (or none: str and bytes are refused before conversion)
-    // means "not a real number"; anything else the object raised goes up.
-    if let Some(err) = PyErr::take(py) {
-        if !err.is_instance_of::<PyTypeError>(py) {
-            return err;
-        }
+    // A TypeError means "not a real number"; anything else the object
+    // raised (its own __float__ failing) goes up as it is.
+    let err = PyErr::fetch(py);
+    if !err.is_instance_of::<PyTypeError>(py) {
+        return err;
     }
     let obj = unsafe { Bound::from_borrowed_ptr(py, item) };
     let message = format!(
