@@ -197,8 +197,12 @@ pub fn concat_lists<'py>(prompt: &Items<'py>, completion: &Items<'py>) -> PyResu
     unsafe {
         let out = Bound::from_owned_ptr_or_err(py, ffi::PyList_GetSlice(p.as_ptr(), 0, p_len))?;
         if c_len > 1 {
-            let tail = Bound::from_owned_ptr_or_err(py, ffi::PyList_GetSlice(c.as_ptr(), 0, c_len - 1))?;
-            if ffi::PyList_SetSlice(out.as_ptr(), p_len, p_len, tail.as_ptr()) < 0 {
+            // All of the completion, then its last token off again: no
+            // temporary list for `completion[:-1]`.
+            let end = p_len + c_len;
+            if ffi::PyList_SetSlice(out.as_ptr(), p_len, p_len, c.as_ptr()) < 0
+                || ffi::PyList_SetSlice(out.as_ptr(), end - 1, end, std::ptr::null_mut()) < 0
+            {
                 return Err(PyErr::fetch(py));
             }
         }
