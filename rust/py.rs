@@ -170,11 +170,11 @@ fn plan_batch<'py>(groups: &Bound<'py, PyAny>, advantages: &Bound<'py, PyAny>, w
             for u in 0..turns.len() {
                 let at = Location::turn(g, t, u);
                 let turn = turns.get_bound(u)?;
-                let field = |name, kind| Items::of(&attr(&turn, name, at)?, &name.to_string_lossy(), kind, at);
+                let field = |name, what, kind| Items::of(&attr(&turn, name, at)?, what, kind, at);
                 plan.turns.push(TurnPlan {
-                    prompt: field(intern!(py, "prompt_tokens"), ItemKind::Token)?,
-                    completion: field(intern!(py, "completion_tokens"), ItemKind::Token)?,
-                    logprobs: field(intern!(py, "logprobs"), ItemKind::Real)?,
+                    prompt: field(intern!(py, "prompt_tokens"), "prompt_tokens", ItemKind::Token)?,
+                    completion: field(intern!(py, "completion_tokens"), "completion_tokens", ItemKind::Token)?,
+                    logprobs: field(intern!(py, "logprobs"), "logprobs", ItemKind::Real)?,
                     at,
                     advantage,
                 });
