@@ -12,7 +12,7 @@ use pyo3::types::{PyList, PyTuple, PyType};
 use crate::advantages::{extend_group_advantages, reward_stats};
 use crate::datums::{build_datums, Columns, DatumClasses};
 use crate::error::{ErrorKind, InputError, Location};
-use crate::read::{attr, concat_lists, read_logprobs, read_real, read_tokens, IntList, ItemKind, Items};
+use crate::read::{attr, read_logprobs, read_real, read_tokens, shared_model_input, IntList, ItemKind, Items};
 use crate::rows::{fill_advantages, row_offsets, RowMut, TurnShape};
 
 #[cold]
@@ -259,7 +259,7 @@ fn assemble_rows<'py>(
             // Built before the logprobs are read: reading those may run user
             // code (__float__), which must not change the lists under us.
             let shared = if prompt_exact && completion_exact {
-                concat_lists(&turn.prompt, &turn.completion)?
+                shared_model_input(&turn.prompt, &turn.completion)?
             } else {
                 None
             };
@@ -294,7 +294,7 @@ fn assemble_rows<'py>(
 }
 
 /// The model input of a turn whose tokens are not all exact ints (bools,
-/// numpy integers) or not in lists: new ints where needed, slot by slot.
+/// numpy integers): read again, new ints where needed, slot by slot.
 fn model_input_list<'py>(turn: &TurnPlan<'py>, n: usize) -> PyResult<Bound<'py, PyList>> {
     let mut list = IntList::new(turn.prompt.py(), n)?;
     let p = turn.prompt.len();

@@ -114,6 +114,13 @@ impl<'py> Items<'py> {
         Ok(unsafe { Bound::from_borrowed_ptr(self.py(), item) })
     }
 
+    fn as_ptr(&self) -> *mut ffi::PyObject {
+        match &self.seq {
+            Seq::List(l) => l.as_ptr(),
+            Seq::Tuple(t) => t.as_ptr(),
+        }
+    }
+
     pub fn py(&self) -> Python<'py> {
         match &self.seq {
             Seq::List(l) => l.py(),
@@ -186,21 +193,19 @@ pub fn read_tokens(
     Ok(all_exact)
 }
 
-/// `prompt + completion[:-1]` as Python's list slicing makes it (one C loop
-/// each), when both are lists: the same int objects, shared.
-pub fn concat_lists<'py>(prompt: &Items<'py>, completion: &Items<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
-    let (Seq::List(p), Seq::List(c)) = (&prompt.seq, &completion.seq) else {
-        return Ok(None);
-    };
-    let py = p.py();
+/// `list(prompt) + completion[:-1]`, made by CPython's own list copying
+/// (one C loop each): the same int objects, shared. For turns whose tokens
+/// were all exact ints; `None` if the sequences changed length meanwhile.
+pub fn shared_model_input<'py>(prompt: &Items<'py>, completion: &Items<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
+    let py = prompt.py();
     let (p_len, c_len) = (prompt.len as ffi::Py_ssize_t, completion.len as ffi::Py_ssize_t);
     unsafe {
-        let out = Bound::from_owned_ptr_or_err(py, ffi::PyList_GetSlice(p.as_ptr(), 0, p_len))?;
+        let out = Bound::from_owned_ptr_or_err(py, ffi::PySequence_List(prompt.as_ptr()))?;
         if c_len > 1 {
             // All of the completion, then its last token off again: no
-            // temporary list for `completion[:-1]`.
+            // temporary sequence for `completion[:-1]`.
             let end = p_len + c_len;
-            if ffi::PyList_SetSlice(out.as_ptr(), p_len, p_len, c.as_ptr()) < 0
+            if ffi::PyList_SetSlice(out.as_ptr(), p_len, p_len, completion.as_ptr()) < 0
                 || ffi::PyList_SetSlice(out.as_ptr(), end - 1, end, std::ptr::null_mut()) < 0
             {
                 return Err(PyErr::fetch(py));
@@ -342,9 +347,9 @@ fn py_float_repr(v: f64) -> String {
     }
 }
 
-/// Builds a model input list slot by slot: the token objects themselves
-/// where they are exact ints (ints are immutable: `P + C[:-1]` in Python
-/// shares them too), new ints for bools and numpy integers.
+/// Builds a model input list slot by slot, for turns with bools or numpy
+/// integers among their tokens: exact ints are shared (they are immutable),
+/// the others become new exact ints.
 pub struct IntList<'py> {
     list: Bound<'py, PyList>,
 }

@@ -191,8 +191,9 @@ def test_no_references_are_leaked_or_lost():
     for _ in range(3):
         advantages = trd.compute_advantages(batch)
         datums, meta = trd.assemble_training_data(batch, advantages)
-        if DIRECT_PATH:  # the direct path shares the caller's ints
+        if DIRECT_PATH:  # the direct path shares the caller's ints, from lists and tuples
             assert datums[0].model_input.to_ints()[0] is token
+            assert datums[1].model_input.to_ints()[0] is token
         rows = trd.assemble_arrays(batch, advantages)
         metrics = trd.compute_trajectory_metrics(batch)
         del advantages, datums, meta, rows, metrics
