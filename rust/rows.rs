@@ -100,8 +100,9 @@ pub fn fill_advantages(shapes: &[TurnShape], row_advantages: &[f32], offsets: &[
     }
 }
 
-/// Flat rows, owned: the pure-Rust entry point (tests and fuzzing use it;
-/// the Python glue writes into numpy's buffers through [`RowMut`]).
+/// Flat rows, owned: the whole core as one plain function, for the tests and
+/// the fuzzer (the Python glue writes into numpy's buffers through [`RowMut`]).
+#[cfg(test)]
 #[derive(Debug, Default, PartialEq)]
 pub struct Rows {
     pub input_tokens: Vec<i64>,
@@ -114,6 +115,7 @@ pub struct Rows {
 /// Rows of the kept turns among `shapes`, whose `full` tokens lie back to
 /// back in `tokens` and fitted logprobs (one per completion token) in
 /// `logprobs`, with one advantage per turn.
+#[cfg(test)]
 pub fn fill_rows(shapes: &[TurnShape], tokens: &[i64], logprobs: &[f32], advantages: &[f32]) -> Rows {
     let (mut tok, mut lp) = (0, 0);
     let mut kept = Vec::new();
