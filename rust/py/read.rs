@@ -147,11 +147,19 @@ impl<'py> Items<'py> {
         }
     }
 
-    /// The container itself (a list or tuple), for sharing its items.
-    pub fn container(&self) -> &Bound<'py, PyAny> {
+    /// Items `a..b` as a new list or tuple sharing them, sliced in C (no
+    /// Python code runs, even for subclasses), for building outputs; `None`
+    /// if a list is now shorter than `b`. An exact list or tuple read whole
+    /// is handed over as it is (nothing to copy).
+    pub fn share(&self, a: usize, b: usize) -> Option<Bound<'py, PyAny>> {
         match &self.seq {
-            Seq::List(l) => l.as_any(),
-            Seq::Tuple(t) => t.as_any(),
+            Seq::List(l) if l.len() < b => None,
+            Seq::List(l) if a == 0 && l.len() == b && l.is_exact_instance_of::<PyList>() => Some(l.clone().into_any()),
+            Seq::List(l) => Some(l.get_slice(a, b).into_any()),
+            Seq::Tuple(t) if a == 0 && t.len() == b && t.is_exact_instance_of::<PyTuple>() => {
+                Some(t.clone().into_any())
+            }
+            Seq::Tuple(t) => Some(t.get_slice(a, b).into_any()),
         }
     }
 }
