@@ -89,16 +89,22 @@ def flatten(ob) -> list:
 
 
 @st.composite
-def observation(draw, so_far, allow_unsized):
+def observation(draw, so_far, mode):
     """An observation that extends the sequence so far, repeats it, resets,
     almost extends it (one element changed, or one dropped), is empty, or is
-    a proper prefix of it."""
+    a proper prefix of it. In "clean" mode a non-extending observation ends
+    in a text token, so that no Datum is too short or ends in an image."""
+    allow_unsized = mode == "faults"
     new = st.lists(flat_elements(allow_unsized), max_size=5)
-    kind = draw(st.sampled_from(["extend", "extend", "extend", "same", "reset", "almost", "empty", "prefix"]))
+    kinds = ["extend", "extend", "extend", "same", "reset", "almost", "empty", "prefix"]
+    kind = draw(st.sampled_from(kinds if mode != "clean" else kinds[:-2]))
+    extends = False
     if kind == "extend" or not so_far:
         flat = so_far + draw(new)
+        extends = bool(so_far)
     elif kind == "same":
         flat = list(so_far)
+        extends = True
     elif kind == "reset":
         flat = draw(st.lists(flat_elements(allow_unsized), max_size=8))
     elif kind == "almost":
@@ -112,6 +118,8 @@ def observation(draw, so_far, allow_unsized):
         flat = []
     else:
         flat = so_far[: draw(st.integers(0, len(so_far) - 1))]
+    if mode == "clean" and not extends and (not flat or not isinstance(flat[-1], int)):
+        flat.append(draw(tokens))
     return draw(model_input(flat))
 
 
@@ -121,8 +129,9 @@ logprob_values = st.one_of(
 
 
 @st.composite
-def action(draw, faults):
-    toks = draw(st.lists(tokens, max_size=5))
+def action(draw, mode):
+    faults = mode == "faults"
+    toks = draw(st.lists(tokens, min_size=1 if mode == "clean" else 0, max_size=5))
     n = len(toks)
     if faults and draw(st.integers(0, 5)) == 0:
         maybe_logprobs = None if draw(st.booleans()) else draw(st.lists(logprob_values, max_size=6))
@@ -143,12 +152,17 @@ rewards = st.one_of(st.sampled_from([0.0, 1.0, 0.5, -1.0]), st.floats(-10.0, 10.
 
 
 @st.composite
-def trajectory(draw, faults: bool, max_transitions: int = 4, with_ids: str = "mixed"):
+def trajectory(draw, mode: str, max_transitions: int = 4, with_ids: str = "mixed"):
+    """A Trajectory. mode: "clean" (no transition makes the cookbook raise),
+    "wild" (empty actions and observations: Datums too short or ending in
+    an image), "faults" (also missing or mis-sized logprobs, images of
+    unknown size, empty sequence_ids). with_ids: "all", "none" or "mixed"
+    sequence_ids."""
     transitions = []
     so_far: list = []
     for _ in range(draw(st.integers(0, max_transitions))):
-        ob = draw(observation(so_far, allow_unsized=faults))
-        ac = draw(action(faults))
+        ob = draw(observation(so_far, mode))
+        ac = draw(action(mode))
         if with_ids == "all" and ac.sequence_id is None:
             ac.sequence_id = "s0"
         elif with_ids == "none":
@@ -162,13 +176,12 @@ def trajectory(draw, faults: bool, max_transitions: int = 4, with_ids: str = "mi
 
 @st.composite
 def batches(draw, max_groups: int = 3, max_trajectories: int = 3):
-    """A list of TrajectoryGroups. One batch in three may hold faulty data
-    (missing or mis-sized logprobs, images of unknown size)."""
-    faults = draw(st.integers(0, 2)) == 0
+    """A list of TrajectoryGroups, all of one mode (see ``trajectory``)."""
+    mode = draw(st.sampled_from(["clean", "clean", "clean", "wild", "wild", "faults"]))
     with_ids = draw(st.sampled_from(["mixed", "all", "all", "none"]))
     out = []
     for _ in range(draw(st.integers(0, max_groups))):
-        trajs = draw(st.lists(trajectory(faults, with_ids=with_ids), min_size=1, max_size=max_trajectories))
+        trajs = draw(st.lists(trajectory(mode, with_ids=with_ids), min_size=1, max_size=max_trajectories))
         final = draw(st.lists(rewards, min_size=len(trajs), max_size=len(trajs)))
         out.append(TrajectoryGroup(trajectories_G=trajs, final_rewards_G=final, metrics_G=[{} for _ in trajs]))
     return out

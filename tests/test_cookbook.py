@@ -40,7 +40,7 @@ except ImportError as exc:
     )
 
 import tinker
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 from tinker.types import ImageChunk
 
@@ -61,6 +61,22 @@ def outcome(fn, *args, **kwargs):
         return "ok", fn(*args, **kwargs)
     except Exception as exc:
         return "raised", exc
+
+
+def describe(result):
+    """Hypothesis events (``--hypothesis-show-statistics``): what the batches exercised."""
+    kind, value = result
+    if kind == "raised":
+        event(f"cookbook raised {type(value).__name__}")
+        return
+    datums = value[0] if isinstance(value, tuple) else value
+    event(f"{min(len(datums), 4)}{'+' if len(datums) >= 4 else ''} Datums")
+    for d in datums:
+        event("some Datum with provenance" if d.model_input_spans is not None else "some Datum without provenance")
+        if d.loss_fn_inputs["advantages"].dtype == "int64":
+            event("some Datum with int64 advantages")
+        if any(not isinstance(c, tinker.EncodedTextChunk) for c in d.model_input.chunks):
+            event("some Datum with an image")
 
 
 def assert_same_outcome(theirs, mine, compare):
@@ -164,7 +180,7 @@ def advantages_for(draw, batch):
     """What a caller passes: the cookbook's own compute_advantages (float32
     tensors), lists of Python floats, or either with a length mismatch
     (outer or in one group)."""
-    kind = draw(st.sampled_from(["computed", "computed", "floats", "mismatch"]))
+    kind = draw(st.sampled_from(["computed", "computed", "computed", "floats", "floats", "mismatch"]))
     if kind == "floats":
         values = st.one_of(rewards, st.sampled_from([0.0, -0.0, 1e300, -1e-320, 2**60]))
         return [draw(st.lists(values, min_size=len(g.trajectories_G), max_size=len(g.trajectories_G))) for g in batch]
@@ -193,6 +209,7 @@ def test_assemble_training_data_matches_the_cookbook(data):
     include_provenance = data.draw(st.booleans())
     theirs = outcome(cookbook.assemble_training_data, batch, advantages, include_provenance)
     mine = outcome(IMPL.assemble_training_data, batch, advantages, include_provenance)
+    describe(theirs)
     assert_same_outcome(theirs, mine, assert_same_assembly)
 
 
@@ -205,17 +222,25 @@ def test_assemble_training_data_default_provenance_matches(data):
     assert_same_outcome(theirs, mine, assert_same_assembly)
 
 
-@given(trajectory(faults=False, max_transitions=6), st.floats(allow_nan=False), st.booleans())
+@given(
+    st.tuples(st.sampled_from(["clean", "wild"]), st.sampled_from(["all", "mixed", "none"])).flatmap(
+        lambda args: trajectory(args[0], max_transitions=6, with_ids=args[1])
+    ),
+    st.floats(allow_nan=False),
+    st.booleans(),
+)
 def test_trajectory_to_data_matches_the_cookbook(traj, advantage, include_provenance):
     theirs = outcome(cookbook.trajectory_to_data, traj, advantage, include_provenance=include_provenance)
     mine = outcome(IMPL.trajectory_to_data, traj, advantage, include_provenance=include_provenance)
+    describe(theirs)
     assert_same_outcome(theirs, mine, assert_same_datums)
 
 
-@given(trajectory(faults=True, max_transitions=6), rewards)
+@given(trajectory("faults", max_transitions=6), rewards)
 def test_trajectory_to_data_with_faults_matches_the_cookbook(traj, advantage):
     theirs = outcome(cookbook.trajectory_to_data, traj, advantage)
     mine = outcome(IMPL.trajectory_to_data, traj, advantage)
+    describe(theirs)
     assert_same_outcome(theirs, mine, assert_same_datums)
 
 
