@@ -183,7 +183,7 @@ _classes: tuple[type, ...] | None = None
 def _core_classes() -> tuple[type, ...]:
     global _classes
     if _classes is None:
-        from .datums import _CLASSES
+        from ._build import _CLASSES
 
         _classes = _CLASSES
     return _classes

@@ -193,7 +193,7 @@ pub fn py_assemble_datums<'py>(
 
 /// tinker-cookbook's rows: `(datums, [(group, trajectory)], provenance)`,
 /// provenance per datum `None` or `(model_input spans, target spans)` of
-/// `(sampled, sequence_id, offset, length)`.
+/// `(sequence_id, offset, length, sampled)`.
 #[pyfunction(name = "assemble_cookbook")]
 pub fn py_assemble_cookbook<'py>(
     groups: &Bound<'py, PyAny>,

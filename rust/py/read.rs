@@ -289,7 +289,7 @@ pub fn logprob_at(items: &Items<'_>, k: usize, at: Location) -> PyResult<(f32, b
     // `item` is borrowed.
     let item = unsafe { items.peek(k)? };
     if let Ok(float) = item.cast_exact::<PyFloat>() {
-        #[allow(clippy::cast_possible_truncation)] // float32 is the wire dtype; overflow is checked
+        // float32 is the wire dtype; overflow is checked.
         let v = float.value() as f32;
         if v.is_finite() {
             return Ok((v, true));
@@ -300,9 +300,17 @@ pub fn logprob_at(items: &Items<'_>, k: usize, at: Location) -> PyResult<(f32, b
         field: "logprobs",
         index: k,
     };
-    #[allow(clippy::cast_possible_truncation)]
-    let v = real_value(&item, "logprob", true, Some(at_item), at)? as f32;
-    Ok((v, false))
+    Ok((real_value(&item, "logprob", true, Some(at_item), at)? as f32, false))
+}
+
+/// Any real number as `float()` reads it (NaN and infinities included), and
+/// whether it is an `int`: tinker-cookbook hands both to torch as they are.
+pub fn any_real(item: &Bound<'_, PyAny>, what: &str, at_item: Item<'_>, at: Location) -> PyResult<(f64, bool)> {
+    let is_int = item.is_instance_of::<PyInt>();
+    let v = item
+        .extract::<f64>()
+        .map_err(|e| not_real(item, e, what, &at_item.to_string(), at))?;
+    Ok((v, is_int))
 }
 
 /// A finite real number (also finite once rounded to float32, the wire
