@@ -10,6 +10,7 @@
 # checks the tag again with auditwheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/_venv_note.sh
 extras="${1:-}"
 python3 -m pip install --quiet --disable-pip-version-check "maturin>=1.9,<2" "ziglang>=0.17,<0.18"
 rm -rf dist

@@ -19,6 +19,8 @@ import sys
 
 import pytest
 
+from test_contract import wire_bytes
+
 REQUIRE_COOKBOOK = os.environ.get("TINKER_RL_DATA_REQUIRE_COOKBOOK") == "1"
 
 try:
@@ -128,18 +130,6 @@ def datum_fields(d):
         "model_input_spans": span_fields(d.model_input_spans),
         "loss_fn_input_spans": span_fields(d.loss_fn_input_spans),
     }
-
-
-def wire_bytes(datums):
-    from tinker.proto.request_conv import forward_backward_request_to_proto
-    from tinker.types import ForwardBackwardInput, ForwardBackwardRequest
-
-    request = ForwardBackwardRequest(
-        forward_backward_input=ForwardBackwardInput(data=datums, loss_fn="importance_sampling"),
-        model_id="model",
-        seq_id=1,
-    )
-    return forward_backward_request_to_proto(request).SerializeToString(deterministic=True)
 
 
 def assert_same_datums(theirs, mine):

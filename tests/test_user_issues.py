@@ -22,7 +22,7 @@ import pytest
 import reference
 import tinker_rl_data as trd
 from conftest import datum_content
-from test_bad_input import snapshot
+from test_bad_input import raises_located, snapshot
 from tinker_rl_data.env import Trajectory, TrajectoryGroup, Turn
 
 TESTS = Path(__file__).resolve().parent
@@ -289,16 +289,7 @@ def test_2d_advantages_of_a_wrong_shape():
 # ---------------------------------------------------------------- 4. located messages
 
 
-def located(exc: type[BaseException], where: str, fn: Any, *args: Any, contains: tuple[str, ...] = ()) -> str:
-    before = snapshot(args)
-    with pytest.raises(exc) as info:
-        fn(*args)
-    message = str(info.value)
-    assert message.startswith(where + ": "), message
-    for part in contains:
-        assert part in message, message
-    assert snapshot(args) == before, "inputs were modified"
-    return message
+located = raises_located  # the same check as test_bad_input's
 
 
 @pytest.mark.parametrize("fn", ["compute_advantages", "compute_trajectory_metrics", "assemble_training_data", "assemble_arrays"])

@@ -19,6 +19,28 @@ pub struct DatumClasses<'py> {
     pub metadata: Bound<'py, PyType>,
 }
 
+/// `(Datum, ModelInput, EncodedTextChunk, TensorData, DatumMetadata)`, as
+/// the exported functions take them.
+pub type ClassTuple<'py> = (
+    Bound<'py, PyType>,
+    Bound<'py, PyType>,
+    Bound<'py, PyType>,
+    Bound<'py, PyType>,
+    Bound<'py, PyType>,
+);
+
+impl<'py> From<ClassTuple<'py>> for DatumClasses<'py> {
+    fn from((datum, model_input, chunk, tensor_data, metadata): ClassTuple<'py>) -> Self {
+        DatumClasses {
+            datum,
+            model_input,
+            chunk,
+            tensor_data,
+            metadata,
+        }
+    }
+}
+
 /// A fresh, zeroed 1-D numpy array that this code alone can see until
 /// [`Column::into_array`] hands it on: it is written through a plain slice.
 pub struct Column<'py, T: Element> {

@@ -4,11 +4,11 @@
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple, PyType};
+use pyo3::types::{PyList, PyTuple};
 
 use crate::advantages::{extend_group_advantages, is_constant, reward_stats, AdvantageRule, Baseline};
 use crate::py::assemble::{self, ModelInputKind, Options};
-use crate::py::build::DatumClasses;
+use crate::py::build::{ClassTuple, DatumClasses};
 use crate::py::cookbook::cookbook_datums;
 use crate::py::errors::guarded;
 use crate::py::evsys::{read_rewards, FitReport};
@@ -146,15 +146,6 @@ pub fn py_assemble_arrays(
     })
 }
 
-/// `(Datum, ModelInput, EncodedTextChunk, TensorData, DatumMetadata)`.
-type ClassTuple<'py> = (
-    Bound<'py, PyType>,
-    Bound<'py, PyType>,
-    Bound<'py, PyType>,
-    Bound<'py, PyType>,
-    Bound<'py, PyType>,
-);
-
 /// Datums and metadata built straight into the classes given, filling the
 /// fields their constructors would.
 #[pyfunction(name = "assemble_datums")]
@@ -168,14 +159,7 @@ pub fn py_assemble_datums<'py>(
 ) -> PyResult<BuiltDatums> {
     guarded(|| {
         let py = groups.py();
-        let (datum, model_input, chunk, tensor_data, metadata) = classes;
-        let classes = DatumClasses {
-            datum,
-            model_input,
-            chunk,
-            tensor_data,
-            metadata,
-        };
+        let classes = DatumClasses::from(classes);
         let kind = if numpy_tokens {
             ModelInputKind::Int32
         } else {
@@ -203,14 +187,7 @@ pub fn py_assemble_cookbook<'py>(
 ) -> PyResult<Bound<'py, PyTuple>> {
     guarded(|| {
         let py = groups.py();
-        let (datum, model_input, chunk, tensor_data, metadata) = classes;
-        let classes = DatumClasses {
-            datum,
-            model_input,
-            chunk,
-            tensor_data,
-            metadata,
-        };
+        let classes = DatumClasses::from(classes);
         let (datums, pairs, provenance) = cookbook_datums(groups, advantages, include_provenance, &classes)?;
         PyTuple::new(py, [datums.into_any(), pairs.into_any(), provenance.into_any()])
     })
