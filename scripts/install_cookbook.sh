@@ -10,7 +10,7 @@ set -euo pipefail
 pip_install() {
     python3 -m pip install --quiet --disable-pip-version-check "$@"
 }
-pip_install torch chz pillow blobfile datasets termcolor
+pip_install tinker torch chz pillow blobfile datasets termcolor
 pip_install --no-deps "tinker-cookbook==0.6.1"
 python3 - <<'PY'
 import tinker_cookbook.rl.data_processing

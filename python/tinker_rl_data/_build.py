@@ -43,7 +43,7 @@ def _public(
     """Through tinker's public constructors, from the core's flat rows; each
     Datum gets copies of its own rows (no view of the batch's arrays)."""
     rows = _core.assemble_arrays(groups, advantages, merge_turns, vocab_size)
-    tags = [_tags(g) for g in groups]
+    tags = _core.group_tags(groups)
     bounds = rows.row_offsets.tolist()
     datums = []
     for a, b in zip(bounds, bounds[1:]):
@@ -63,12 +63,6 @@ def _public(
     columns = zip(rows.group_idx.tolist(), rows.traj_idx.tolist(), rows.turn_idx.tolist(), rows.n_turns.tolist())
     metadata = [DatumMetadata(g, t, u, list(tags[g]), n) for g, t, u, n in columns]
     return datums, metadata, rows.fitted
-
-
-def _tags(group: Any) -> list[str]:
-    # Only reached after the core has read and checked every group's tags.
-    tags = getattr(group, "tags", None)
-    return [] if tags is None else list(tags)
 
 
 def same_datum(a: Datum, b: Datum) -> bool:

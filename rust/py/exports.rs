@@ -7,11 +7,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::advantages::{extend_group_advantages, is_constant, reward_stats, AdvantageRule, Baseline};
+use crate::error::Location;
 use crate::py::assemble::{self, ModelInputKind, Options};
 use crate::py::build::{ClassTuple, DatumClasses};
 use crate::py::cookbook::cookbook_datums;
 use crate::py::errors::guarded;
 use crate::py::evsys::{read_rewards, FitReport};
+use crate::py::read::{read_tags, ItemKind, Items};
 
 /// How the logprobs of turns were fitted to their completions: counts, and
 /// the first such turn as `(group, trajectory, turn)`.
@@ -99,6 +101,18 @@ pub fn py_reward_metrics(groups: &Bound<'_, PyAny>) -> PyResult<Option<(f64, f64
     guarded(|| {
         let (sizes, rewards) = read_rewards(groups)?;
         Ok(reward_stats(&rewards).map(|s| (s.mean, s.std, rewards.len(), sizes.len())))
+    })
+}
+
+/// Each group's tags, read as `assemble_datums` reads them (for the
+/// public-constructor path, which builds the metadata in Python).
+#[pyfunction(name = "group_tags")]
+pub fn py_group_tags<'py>(groups: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyList>>> {
+    guarded(|| {
+        let groups = Items::of(groups, "trajectory_groups", ItemKind::Object, Location::BATCH)?;
+        (0..groups.len())
+            .map(|g| read_tags(&groups.get(g)?, Location::group(g)))
+            .collect()
     })
 }
 
