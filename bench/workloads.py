@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    from tinker_rl_data.env import TrajectoryGroup
 
-from tinker_rl_data.env import Trajectory, TrajectoryGroup, Turn
+# numpy and tinker_rl_data are imported where used, so that the workload
+# names can be listed (scripts/demo.sh checks its argument) before the
+# package is installed.
 
 VOCAB = 151_000
 
@@ -23,6 +27,10 @@ class Workload:
 
     def build(self, scale: float = 1.0, seed: int = 0) -> list[TrajectoryGroup]:
         """The batch, with `scale` times the groups."""
+        import numpy as np
+
+        from tinker_rl_data.env import Trajectory, TrajectoryGroup, Turn
+
         rng = np.random.default_rng(seed)
         out = []
         for g in range(max(1, round(self.groups * scale))):
