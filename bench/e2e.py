@@ -247,9 +247,9 @@ def run(workload_names, repeats: int, memory: bool = True, log=print) -> dict:
                 ("pipeline_numpy", 'model_input_tokens="numpy"', feat["numpy_tokens"]),
             ]:
                 if why:
-                    mem.append((name, label, None))
+                    mem.append((name, label, why))
                     continue
-                mem.append((name, label, bench.memory(name, impl)))
+                mem.append((name, label, bench.memory(name, impl) or "probe failed"))
     return {"rows": rows, "notes": notes, "memory": mem, "repeats": repeats}
 
 
@@ -284,8 +284,8 @@ def fmt_memory(result: dict) -> str:
         "| --- | --- | ---: | ---: | ---: |",
     ]
     for name, label, m in result["memory"]:
-        if m is None:
-            lines.append(f"| {name} | {label} | {NA} | | |")
+        if isinstance(m, str):
+            lines.append(f"| {name} | {label} | {m} | | |")
         else:
             peak, held = m
             ratio = f"{peak / held:.2f}" if held > 0 else ""
@@ -305,7 +305,7 @@ def markdown(result: dict) -> str:
         "credited with the positions it did not have to send; \"positions sent\" are the model-input",
         "positions in the request. The tinker-cookbook paths run on the same rollouts converted to",
         "cookbook types (outside the clock), with provenance on (its default; every action has a",
-        "sequence_id). Ratios: the first path's median over this path's, same run.",
+        "sequence_id). Ratios: that column's path's median over this row's (> 1: this row is faster), same run.",
         "",
         fmt(result),
         "",
