@@ -274,7 +274,7 @@ def merge_section(feat, repeats) -> list[str]:
         try:
             merged = statistics.median(timed(lambda: fn(groups, advantages, merge_turns=True, **kw), repeats))
             out = fn(groups, advantages, merge_turns=True, **kw)
-            sent = count_sent(out[0]) if isinstance(out, tuple) else int(len(out.input_tokens))
+            sent = int(len(out.input_tokens)) if hasattr(out, "input_tokens") else count_sent(out[0])
             del out
         except Exception as exc:
             lines.append(f"| {label} | {per_turn * 1e3:.1f} | failed: {type(exc).__name__}: {exc} | | |")
