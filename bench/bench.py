@@ -356,7 +356,7 @@ def cookbook_section(feat, repeats) -> list[str]:
         sent = count_sent(pipeline(cb)(cb_groups)[0])
         mem_theirs = mem_cell(memory(name, "cookbook"))
         if ours_mod is None:
-            ours_cells = f"{feat['trd_cookbook']} | | | | {mem_theirs} | |"
+            ours_cells = f"{feat['trd_cookbook']} | | | {mem_theirs} | |"
         else:
             try:
                 ours = statistics.median(timed(lambda: pipeline(ours_mod)(cb_groups), repeats))
