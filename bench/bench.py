@@ -3,7 +3,17 @@ on the SPEC §5 workloads and a scaling series, with CPython's own floor
 (reading every input object once; building the model-input lists). Python's GC stays enabled, as in
 real use. Writes bench/RESULTS.md (and bench/scaling.png with matplotlib).
 
-    python bench/bench.py [--quick] [--no-50m]
+    python bench/bench.py [--quick] [--no-50m] [--repeats N] [--results PATH]
+
+Then the rows issues 7-11 ask for, each measured when the installed build
+has its feature and reported as "n/a (not in this build)" otherwise:
+model_input_tokens="numpy" (pipeline, memory, assembly alone against the
+read floor), merge_turns on multi_turn_agent, the advantage estimators and
+remove_constant_reward_groups, tinker_rl_data.cookbook against
+tinker-cookbook 0.6.1 (skipped with a note when tinker_cookbook does not
+import), the end-to-end table of bench/e2e.py (up to the request bytes), the
+RSS kept by keeping one Datum of a large batch, and interrupt latency.
+Comparing two builds in one run: bench/compare_wheels.py.
 
 Times are medians of >= 5 runs after a warm-up; each run's results are kept
 alive until its clock stops and freed outside it, for every implementation.
@@ -417,8 +427,8 @@ def retention_section(feat) -> list[str]:
         "## Keeping one Datum of a large batch",
         "",
         "Each of 4 steps assembles 4x single_turn_long (6.3 M positions) and keeps its first Datum (a",
-        "replay buffer, a logged sample); RSS kept per step, fresh process. One Datum's own data is",
-        "about 50 KiB (1,535 positions x (8 + 4 + 4) bytes, plus its model input).",
+        "replay buffer, a logged sample); RSS kept per step, fresh process. One Datum's own arrays are",
+        "24 KiB (1,535 positions x (8 + 4 + 4) bytes), its model-input list 12 KiB of pointers.",
         "",
         "| path | RSS kept per step |",
         "| --- | ---: |",

@@ -111,6 +111,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--callgrind", action="store_true")
+    parser.add_argument("--callgrind-only", action="store_true", help="skip the timings")
+    parser.add_argument("--workload", nargs="*", help="callgrind only these workloads (default: all)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--callgrind-worker", help=argparse.SUPPRESS)
     parser.add_argument("--callgrind-skip", action="store_true", help=argparse.SUPPRESS)
@@ -131,7 +133,7 @@ def main() -> None:
                 z.extractall(site)
             sites[label] = site
         per = {"old": [], "new": []}
-        for r in range(args.rounds):
+        for r in range(0 if args.callgrind_only else args.rounds):
             order = ("old", "new") if r % 2 == 0 else ("new", "old")
             for label in order:
                 res = json.loads(run_worker(sites[label], ["--worker", "--repeats", str(args.repeats)])
@@ -140,24 +142,25 @@ def main() -> None:
                 per[label].append(res)
                 print(f"round {r + 1} {label}: " + ", ".join(
                     f"{k} {v:.1f}" for k, v in res.items() if "/" in k), flush=True)
-        keys = [k for k in per["old"][0] if "/" in k]
-        print(f"\nns per position, median over {args.rounds} rounds of medians of {args.repeats}; "
-              f"old = {args.old.name}, new = {args.new.name}\n")
-        print("| workload / call | old | new | new / old |")
-        print("| --- | ---: | ---: | ---: |")
+        keys = [k for k in per["old"][0] if "/" in k] if per["old"] else []
+        if keys:
+            print(f"\nns per position, median over {args.rounds} rounds of medians of {args.repeats}; "
+                  f"old = {args.old.name}, new = {args.new.name}\n")
+            print("| workload / call | old | new | new / old |")
+            print("| --- | ---: | ---: | ---: |")
         for k in keys:
             o = statistics.median(x[k] for x in per["old"])
             n = statistics.median(x[k] for x in per["new"])
             flag = "" if n / o <= 1.05 else " (> 5% slower)"
             print(f"| {k} | {o:.1f} | {n:.1f} | {n / o:.3f}{flag} |")
-        if args.callgrind:
+        if args.callgrind or args.callgrind_only:
             print("\ninstructions of one assemble_training_data call (callgrind)\n")
             print("| workload | old | new | new / old |")
             print("| --- | ---: | ---: | ---: |")
             sys.path[:0] = [str(HERE)]
             from workloads import WORKLOADS
 
-            for name in WORKLOADS:
+            for name in args.workload or WORKLOADS:
                 o, n = instructions(sites["old"], name), instructions(sites["new"], name)
                 if o is None or n is None:
                     print(f"| {name} | callgrind failed | | |")
