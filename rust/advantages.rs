@@ -26,15 +26,60 @@ pub fn mean(xs: &[f64]) -> f64 {
     accurate_sum(xs) / xs.len() as f64
 }
 
-/// Appends one advantage per reward: `reward - mean` when normalizing a
-/// group of 2+, else the rewards themselves (a lone sample has no baseline).
-pub fn extend_group_advantages(rewards: &[f64], normalize: bool, out: &mut Vec<f64>) {
-    if normalize && rewards.len() >= 2 {
-        let m = mean(rewards);
-        out.extend(rewards.iter().map(|r| r - m));
-    } else {
+/// What a trajectory's reward is compared with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Baseline {
+    /// The group mean (tinker-cookbook's and the evsys module's advantage).
+    Mean,
+    /// The mean of the group's other trajectories (RLOO).
+    LeaveOneOut,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdvantageRule {
+    /// `false`: the raw rewards (then `baseline` is `Mean`, no scaling).
+    pub normalize: bool,
+    pub baseline: Baseline,
+    /// Divide by the group's sample standard deviation plus `eps` (GRPO).
+    pub scale_by_std: bool,
+    pub eps: f64,
+}
+
+impl AdvantageRule {
+    pub const MEAN: AdvantageRule = AdvantageRule {
+        normalize: true,
+        baseline: Baseline::Mean,
+        scale_by_std: false,
+        eps: 1e-6,
+    };
+}
+
+/// Appends one advantage per reward. Groups of 0 or 1 keep their rewards (a
+/// lone sample has no baseline), as does `normalize: false`.
+pub fn extend_group_advantages(rewards: &[f64], rule: AdvantageRule, out: &mut Vec<f64>) {
+    let n = rewards.len();
+    if !rule.normalize || n < 2 {
         out.extend_from_slice(rewards);
+        return;
     }
+    let sum = accurate_sum(rewards);
+    let m = sum / n as f64;
+    let scale = if rule.scale_by_std {
+        let squares: Vec<f64> = rewards.iter().map(|r| (r - m) * (r - m)).collect();
+        (accurate_sum(&squares) / (n - 1) as f64).sqrt() + rule.eps
+    } else {
+        1.0
+    };
+    let baseline = |r: f64| match rule.baseline {
+        Baseline::Mean => m,
+        Baseline::LeaveOneOut => (sum - r) / (n - 1) as f64,
+    };
+    out.extend(rewards.iter().map(|&r| (r - baseline(r)) / scale));
+}
+
+/// Whether the rewards are all equal (so every advantage would be 0).
+pub fn is_constant(rewards: &[f64]) -> bool {
+    rewards.windows(2).all(|w| w[0] == w[1])
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -71,17 +116,44 @@ mod tests {
     #[test]
     fn normalized_group_sums_to_zero() {
         let mut out = Vec::new();
-        extend_group_advantages(&[1.0, 2.0, 6.0], true, &mut out);
+        extend_group_advantages(&[1.0, 2.0, 6.0], AdvantageRule::MEAN, &mut out);
         assert_eq!(out, vec![-2.0, -1.0, 3.0]);
     }
 
     #[test]
     fn lone_trajectory_and_unnormalized_keep_rewards() {
+        let raw = AdvantageRule {
+            normalize: false,
+            ..AdvantageRule::MEAN
+        };
         let mut out = Vec::new();
-        extend_group_advantages(&[0.5], true, &mut out);
-        extend_group_advantages(&[1.0, 3.0], false, &mut out);
-        extend_group_advantages(&[], true, &mut out);
+        extend_group_advantages(&[0.5], AdvantageRule::MEAN, &mut out);
+        extend_group_advantages(&[1.0, 3.0], raw, &mut out);
+        extend_group_advantages(&[], AdvantageRule::MEAN, &mut out);
         assert_eq!(out, vec![0.5, 1.0, 3.0]);
+    }
+
+    #[test]
+    fn leave_one_out_and_std_scaling() {
+        let loo = AdvantageRule {
+            baseline: Baseline::LeaveOneOut,
+            ..AdvantageRule::MEAN
+        };
+        let mut out = Vec::new();
+        // 1 - (2 + 6) / 2 = -3, 2 - 7 / 2 = -1.5, 6 - 3 / 2 = 4.5
+        extend_group_advantages(&[1.0, 2.0, 6.0], loo, &mut out);
+        assert_eq!(out, vec![-3.0, -1.5, 4.5]);
+        let grpo = AdvantageRule {
+            scale_by_std: true,
+            eps: 0.0,
+            ..AdvantageRule::MEAN
+        };
+        out.clear();
+        // mean 2, sample std sqrt((1 + 1) / 1) = sqrt(2)
+        extend_group_advantages(&[1.0, 3.0], grpo, &mut out);
+        assert_eq!(out, vec![-1.0 / 2f64.sqrt(), 1.0 / 2f64.sqrt()]);
+        assert!(is_constant(&[]) && is_constant(&[1.0]) && is_constant(&[2.0, 2.0]));
+        assert!(!is_constant(&[2.0, 3.0]));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The one error type for bad input: what is wrong, where, and which Python
-//! exception class it becomes. Plain Rust; the conversion lives in `py.rs`.
+//! exception class it becomes. Plain Rust; the conversion to a Python
+//! exception lives in `py/errors.rs`.
 
 use std::fmt;
 
@@ -11,12 +12,21 @@ pub enum ErrorKind {
     Value,
 }
 
+/// What the API calls a trajectory's steps: evsys turns, cookbook transitions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StepName {
+    #[default]
+    Turn,
+    Transition,
+}
+
 /// Where in the batch a problem is; parts left `None` are not printed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Location {
     pub group: Option<usize>,
     pub trajectory: Option<usize>,
     pub turn: Option<usize>,
+    pub step_name: StepName,
 }
 
 impl Location {
@@ -24,6 +34,7 @@ impl Location {
         group: None,
         trajectory: None,
         turn: None,
+        step_name: StepName::Turn,
     };
 
     pub fn group(g: usize) -> Self {
@@ -37,7 +48,7 @@ impl Location {
         Location {
             group: Some(g),
             trajectory: Some(t),
-            turn: None,
+            ..Self::BATCH
         }
     }
 
@@ -46,16 +57,30 @@ impl Location {
             group: Some(g),
             trajectory: Some(t),
             turn: Some(u),
+            step_name: StepName::Turn,
+        }
+    }
+
+    /// The same place, with its steps named `name`.
+    #[must_use]
+    pub fn named(self, name: StepName) -> Self {
+        Location {
+            step_name: name,
+            ..self
         }
     }
 }
 
 impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let step = match self.step_name {
+            StepName::Turn => "turn",
+            StepName::Transition => "transition",
+        };
         let parts = [
             ("group", self.group),
             ("trajectory", self.trajectory),
-            ("turn", self.turn),
+            (step, self.turn),
         ];
         let mut first = true;
         for (name, index) in parts {
@@ -120,5 +145,10 @@ mod tests {
         assert_eq!(e.to_string(), "group 4: x");
         let e = InputError::new(ErrorKind::Value, Location::BATCH, "x");
         assert_eq!(e.to_string(), "x");
+        let at = Location::turn(0, 1, 2).named(StepName::Transition);
+        assert_eq!(
+            InputError::new(ErrorKind::Value, at, "x").to_string(),
+            "group 0, trajectory 1, transition 2: x"
+        );
     }
 }

@@ -1,24 +1,32 @@
-//! tinker-rl-data's native core. `advantages`, `rows` and `error` are plain
-//! Rust (unit-tested with `cargo test`); `read`, `datums` and `py` are the PyO3 glue.
+//! tinker-rl-data's native core.
+//!
+//! Plain Rust, unit-tested with `cargo test`: `plan` (where rows begin and
+//! end), `rows` (the numeric core that writes a row's columns),
+//! `advantages`, `error`. The PyO3 glue is the `py` folder.
 
 pub mod advantages;
-mod datums;
 pub mod error;
+pub mod plan;
 mod py;
-mod read;
 pub mod rows;
 #[cfg(test)]
 mod rows_fuzz;
 
 use pyo3::prelude::*;
 
+use py::exports;
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add_function(wrap_pyfunction!(py::py_compute_advantages, m)?)?;
-    m.add_function(wrap_pyfunction!(py::py_reward_metrics, m)?)?;
-    m.add_function(wrap_pyfunction!(py::py_assemble_arrays, m)?)?;
-    m.add_function(wrap_pyfunction!(py::py_assemble_datums, m)?)?;
-    m.add_function(wrap_pyfunction!(py::py_panic_probe, m)?)?;
+    m.add_class::<exports::Fitted>()?;
+    m.add_class::<exports::BuiltDatums>()?;
+    m.add_class::<exports::Rows>()?;
+    m.add_function(wrap_pyfunction!(exports::py_compute_advantages, m)?)?;
+    m.add_function(wrap_pyfunction!(exports::py_reward_metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(exports::py_varied_reward_groups, m)?)?;
+    m.add_function(wrap_pyfunction!(exports::py_assemble_arrays, m)?)?;
+    m.add_function(wrap_pyfunction!(exports::py_assemble_datums, m)?)?;
+    m.add_function(wrap_pyfunction!(exports::py_panic_probe, m)?)?;
     Ok(())
 }

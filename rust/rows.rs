@@ -1,209 +1,159 @@
-//! The numeric core: where each token and logprob of a turn lands in the
-//! per-position rows of the importance-sampling loss.
+//! The numeric core: writes one planned row's columns.
 //!
-//! A turn with prompt `P` and completion `C` becomes `full = P + C`; position
-//! `j` (of `len(full) - 1`) predicts `full[j + 1]`. Positions whose target is
-//! a completion token carry that token's own logprob and the trajectory's
-//! advantage; the others carry 0 in both. Rows lie back to back in flat
-//! arrays; row `i` is `[offsets[i], offsets[i + 1])`.
+//! A row spells out a sequence `S` (its pieces, in order); position `j` (of
+//! `len(S) - 1`) reads `S[j]` and predicts `S[j + 1]`. A position whose
+//! target is a completion element carries that element's own logprob, its
+//! turn's advantage and mask; every other position carries 0 in all three.
+//! Elements below 0 stand for non-text chunks: their target is 0.
 
-/// The shape of one turn.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct TurnShape {
-    pub prompt_len: usize,
-    pub completion_len: usize,
+use crate::plan::Piece;
+
+/// The model input column a row may also carry: `S[:-1]` as numbers.
+pub enum Inputs<'a> {
+    None,
+    I32(&'a mut [i32]),
+    I64(&'a mut [i64]),
 }
 
-impl TurnShape {
-    /// A turn yields a row when it has a completion and at least one position.
-    pub fn is_kept(&self) -> bool {
-        self.completion_len > 0 && self.prompt_len + self.completion_len >= 2
-    }
-
-    pub fn positions(&self) -> usize {
-        self.prompt_len + self.completion_len - 1
-    }
-
-    /// The first position whose target is a completion token.
-    fn first_completion_position(&self) -> usize {
-        self.prompt_len.saturating_sub(1)
-    }
-
-    /// How many leading completion tokens are no target: 1 with an empty
-    /// prompt (nothing predicts the first token), else 0.
-    fn untargeted(&self) -> usize {
-        usize::from(self.prompt_len == 0)
-    }
+/// One row's output columns, each `len(S) - 1` long and zeroed.
+pub struct RowOut<'a> {
+    pub inputs: Inputs<'a>,
+    pub targets: &'a mut [i64],
+    pub logprobs: &'a mut [f32],
+    pub advantages: &'a mut [f32],
+    pub mask: Option<&'a mut [f32]>,
 }
 
-/// `offsets` of rows of these shapes (all kept), `shapes.len() + 1` long.
-pub fn row_offsets(shapes: &[TurnShape]) -> Vec<i64> {
-    let mut offsets = Vec::with_capacity(shapes.len() + 1);
-    let mut total = 0i64;
-    offsets.push(0);
-    for s in shapes {
-        total += s.positions() as i64;
-        offsets.push(total);
-    }
-    offsets
-}
-
-/// One row being written. Targets and (optionally) input tokens are set
-/// token by token of `full`, logprobs logprob by logprob of the completion.
-pub struct RowMut<'a> {
-    shape: TurnShape,
-    input_tokens: &'a mut [i64],
-    targets: &'a mut [i64],
-    logprobs: &'a mut [f32],
-}
-
-impl<'a> RowMut<'a> {
-    /// `input_tokens` may be empty: the model input is then not kept.
-    pub fn new(shape: TurnShape, input_tokens: &'a mut [i64], targets: &'a mut [i64], logprobs: &'a mut [f32]) -> Self {
-        let n = shape.positions();
-        debug_assert!(targets.len() == n && logprobs.len() == n);
-        debug_assert!(input_tokens.is_empty() || input_tokens.len() == n);
-        RowMut {
-            shape,
-            input_tokens,
-            targets,
-            logprobs,
+/// Writes the row spelled by `pieces` over `elements` (with `logprobs`
+/// parallel to them: a completion element's fitted logprob). `weights(turn)`
+/// gives a completion piece's `(advantage, mask)`.
+pub fn fill_row(
+    pieces: &[Piece],
+    elements: &[i64],
+    logprobs: &[f32],
+    weights: impl Fn(usize) -> (f32, f32),
+    out: RowOut<'_>,
+) {
+    let RowOut {
+        mut inputs,
+        targets,
+        logprobs: logprob_out,
+        advantages,
+        mut mask,
+    } = out;
+    let n = targets.len();
+    let mut at = 0; // where the piece starts in S
+    for piece in pieces {
+        let values = &elements[piece.elements.clone()];
+        let k = values.len();
+        // Model input: S[at..at + k], cut at n.
+        let input_end = (at + k).min(n);
+        if at < input_end {
+            let src = &values[..input_end - at];
+            match &mut inputs {
+                Inputs::None => {}
+                Inputs::I32(dst) => dst[at..input_end].iter_mut().zip(src).for_each(|(d, &s)| *d = s as i32),
+                Inputs::I64(dst) => dst[at..input_end].copy_from_slice(src),
+            }
         }
-    }
-
-    /// Token `i` of `full`.
-    #[inline(always)]
-    pub fn set_token(&mut self, i: usize, token: i64) {
-        if i >= 1 {
-            self.targets[i - 1] = token;
+        // Targets: position p predicts S[p + 1], so S[at + i] lands at at + i - 1.
+        let skip = usize::from(at == 0);
+        if skip < k {
+            let span = at + skip - 1..at + k - 1;
+            targets[span.clone()]
+                .iter_mut()
+                .zip(&values[skip..])
+                .for_each(|(d, &s)| *d = s.max(0));
+            if piece.completion {
+                let (advantage, weight) = weights(piece.turn);
+                logprob_out[span.clone()].copy_from_slice(&logprobs[piece.elements.start + skip..piece.elements.end]);
+                advantages[span.clone()].fill(advantage);
+                if let Some(mask) = &mut mask {
+                    mask[span].fill(weight);
+                }
+            }
         }
-        if let Some(slot) = self.input_tokens.get_mut(i) {
-            *slot = token;
-        }
+        at += k;
     }
-
-    /// The logprob of completion token `k` (of the fitted logprobs).
-    #[inline(always)]
-    pub fn set_logprob(&mut self, k: usize, logprob: f32) {
-        if let Some(at) = k.checked_sub(self.shape.untargeted()) {
-            self.logprobs[self.shape.first_completion_position() + at] = logprob;
-        }
-    }
-}
-
-/// The advantages column: `advantage` of each row on its completion
-/// positions; the rest must already be 0.
-pub fn fill_advantages(shapes: &[TurnShape], row_advantages: &[f32], offsets: &[i64], out: &mut [f32]) {
-    for ((s, &a), &start) in shapes.iter().zip(row_advantages).zip(offsets) {
-        let start = start as usize;
-        out[start + s.first_completion_position()..start + s.positions()].fill(a);
-    }
-}
-
-/// Flat rows, owned: the whole core as one plain function, for the tests and
-/// the fuzzer (the Python glue writes into numpy's buffers through [`RowMut`]).
-#[cfg(test)]
-#[derive(Debug, Default, PartialEq)]
-pub struct Rows {
-    pub input_tokens: Vec<i64>,
-    pub targets: Vec<i64>,
-    pub logprobs: Vec<f32>,
-    pub advantages: Vec<f32>,
-    pub offsets: Vec<i64>,
-}
-
-/// Rows of the kept turns among `shapes`, whose `full` tokens lie back to
-/// back in `tokens` and fitted logprobs (one per completion token) in
-/// `logprobs`, with one advantage per turn.
-#[cfg(test)]
-pub fn fill_rows(shapes: &[TurnShape], tokens: &[i64], logprobs: &[f32], advantages: &[f32]) -> Rows {
-    let (mut tok, mut lp) = (0, 0);
-    let mut kept = Vec::new();
-    let mut kept_advantages = Vec::new();
-    let mut spans = Vec::new();
-    for (s, &a) in shapes.iter().zip(advantages) {
-        let full = tok..tok + s.prompt_len + s.completion_len;
-        let fitted = lp..lp + s.completion_len;
-        tok = full.end;
-        lp = fitted.end;
-        if s.is_kept() {
-            kept.push(*s);
-            kept_advantages.push(a);
-            spans.push((full, fitted));
-        }
-    }
-    let offsets = row_offsets(&kept);
-    let total = *offsets.last().unwrap() as usize;
-    let mut rows = Rows {
-        input_tokens: vec![0; total],
-        targets: vec![0; total],
-        logprobs: vec![0.0; total],
-        advantages: vec![0.0; total],
-        offsets,
-    };
-    for ((s, (full, fitted)), w) in kept.iter().zip(spans).zip(rows.offsets.windows(2)) {
-        let row = w[0] as usize..w[1] as usize;
-        let mut writer = RowMut::new(
-            *s,
-            &mut rows.input_tokens[row.clone()],
-            &mut rows.targets[row.clone()],
-            &mut rows.logprobs[row],
-        );
-        for (i, &t) in tokens[full].iter().enumerate() {
-            writer.set_token(i, t);
-        }
-        for (k, &l) in logprobs[fitted].iter().enumerate() {
-            writer.set_logprob(k, l);
-        }
-    }
-    fill_advantages(&kept, &kept_advantages, &rows.offsets, &mut rows.advantages);
-    rows
+    debug_assert_eq!(at, n + 1);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::{plan_rows, Keep, Merge, Plan, Trajectory, TurnSpan};
 
-    fn shape(p: usize, c: usize) -> TurnShape {
-        TurnShape {
-            prompt_len: p,
-            completion_len: c,
+    struct Columns {
+        inputs: Vec<i64>,
+        targets: Vec<i64>,
+        logprobs: Vec<f32>,
+        advantages: Vec<f32>,
+        mask: Vec<f32>,
+    }
+
+    fn rows(t: &Trajectory, logprobs: &[f32], merge: Merge, advantage: f32) -> Vec<Columns> {
+        let mut plan = Plan::default();
+        plan_rows(t, merge, Keep::WithCompletionTarget, &mut plan);
+        plan.rows
+            .iter()
+            .map(|row| {
+                let n = row.len - 1;
+                let mut c = Columns {
+                    inputs: vec![0; n],
+                    targets: vec![0; n],
+                    logprobs: vec![0.0; n],
+                    advantages: vec![0.0; n],
+                    mask: vec![0.0; n],
+                };
+                let out = RowOut {
+                    inputs: Inputs::I64(&mut c.inputs),
+                    targets: &mut c.targets,
+                    logprobs: &mut c.logprobs,
+                    advantages: &mut c.advantages,
+                    mask: Some(&mut c.mask),
+                };
+                fill_row(plan.pieces_of(row), &t.elements, logprobs, |_| (advantage, 1.0), out);
+                c
+            })
+            .collect()
+    }
+
+    fn one_turn(p: &[i64], c: &[i64]) -> Trajectory {
+        let mut elements = p.to_vec();
+        elements.extend_from_slice(c);
+        Trajectory {
+            elements,
+            turns: vec![TurnSpan {
+                prompt: 0..p.len(),
+                completion: p.len()..p.len() + c.len(),
+            }],
         }
     }
 
     #[test]
-    fn worked_example_from_the_spec() {
-        let rows = fill_rows(&[shape(3, 2)], &[11, 12, 13, 21, 22], &[-0.5, -0.25], &[0.75]);
-        assert_eq!(rows.input_tokens, vec![11, 12, 13, 21]);
-        assert_eq!(rows.targets, vec![12, 13, 21, 22]);
-        assert_eq!(rows.logprobs, vec![0.0, 0.0, -0.5, -0.25]);
-        assert_eq!(rows.advantages, vec![0.0, 0.0, 0.75, 0.75]);
-        assert_eq!(rows.offsets, vec![0, 4]);
+    fn worked_example() {
+        // P = 11 12 13, C = 21 22 with logprobs -0.5 -0.25, advantage 0.75.
+        let t = one_turn(&[11, 12, 13], &[21, 22]);
+        let r = &rows(&t, &[0.0, 0.0, 0.0, -0.5, -0.25], Merge::PerTurn, 0.75)[0];
+        assert_eq!(r.inputs, vec![11, 12, 13, 21]);
+        assert_eq!(r.targets, vec![12, 13, 21, 22]);
+        assert_eq!(r.logprobs, vec![0.0, 0.0, -0.5, -0.25]);
+        assert_eq!(r.advantages, vec![0.0, 0.0, 0.75, 0.75]);
+        assert_eq!(r.mask, vec![0.0, 0.0, 1.0, 1.0]);
     }
 
     #[test]
     fn empty_prompt_targets_keep_their_own_logprobs() {
-        let rows = fill_rows(&[shape(0, 3)], &[5, 6, 7], &[-1.0, -2.0, -3.0], &[1.0]);
-        assert_eq!(rows.targets, vec![6, 7]);
-        assert_eq!(rows.logprobs, vec![-2.0, -3.0]);
-        assert_eq!(rows.advantages, vec![1.0, 1.0]);
+        let t = one_turn(&[], &[5, 6, 7]);
+        let r = &rows(&t, &[-1.0, -2.0, -3.0], Merge::PerTurn, 1.0)[0];
+        assert_eq!(r.targets, vec![6, 7]);
+        assert_eq!(r.logprobs, vec![-2.0, -3.0]);
     }
 
     #[test]
-    fn skipped_turns_leave_no_row() {
-        assert!(!shape(5, 0).is_kept());
-        assert!(!shape(0, 1).is_kept());
-        assert!(shape(1, 1).is_kept());
-        assert!(shape(0, 2).is_kept());
-        let rows = fill_rows(
-            &[shape(2, 0), shape(0, 1), shape(1, 1)],
-            &[1, 2, 3, 4, 5],
-            &[-1.0, -2.0],
-            &[9.0, 8.0, 7.0],
-        );
-        assert_eq!(rows.targets, vec![5]);
-        assert_eq!(rows.logprobs, vec![-2.0]);
-        assert_eq!(rows.advantages, vec![7.0]);
-        assert_eq!(rows.offsets, vec![0, 1]);
+    fn non_text_elements_have_target_zero() {
+        let t = one_turn(&[4, -1, i64::MIN], &[9]);
+        let r = &rows(&t, &[0.0, 0.0, 0.0, -1.0], Merge::PerTurn, 1.0)[0];
+        assert_eq!(r.targets, vec![0, 0, 9]);
     }
 }

@@ -1,86 +1,145 @@
-//! Fuzzing the numeric core with proptest: arbitrary turn shapes (empty
-//! prompts and completions included), tokens at the int32 boundaries, and
-//! any float bits (NaN, infinities) for logprobs and advantages. The core
-//! must not panic and must agree with the per-position definition.
+//! Fuzzing the planner and the numeric core with proptest: arbitrary
+//! trajectories (empty prompts and completions, prompts that extend the
+//! sequence so far, almost extend, or reset), tokens at the int32
+//! boundaries, and any float bits. Both must agree with the per-position
+//! definition written out plainly here.
 
 use proptest::prelude::*;
 
-use crate::rows::{fill_rows, Rows, TurnShape};
+use crate::plan::{plan_rows, Keep, Merge, Plan, Trajectory, TurnSpan};
+use crate::rows::{fill_row, Inputs, RowOut};
 
-/// The per-position definition of SPEC, written out plainly.
-fn naive(shapes: &[TurnShape], tokens: &[i64], logprobs: &[f32], advantages: &[f32]) -> Rows {
-    let mut rows = Rows {
-        offsets: vec![0],
-        ..Rows::default()
+/// (model input, targets, logprob bits, advantage bits, first turn, n_turns)
+type NaiveRow = (Vec<i64>, Vec<i64>, Vec<u32>, Vec<u32>, usize, usize);
+
+/// The contract, one position at a time: per turn `P + C`, or merged while
+/// the prompt starts with `S`; drop rows with no completion target.
+fn naive(turns: &[(Vec<i64>, Vec<i64>, Vec<f32>)], merged: bool, a: f32) -> Vec<NaiveRow> {
+    let mut out = Vec::new();
+    // S as (element, completion logprob if a completion element)
+    let mut s: Vec<(i64, Option<f32>)> = Vec::new();
+    let mut first = 0;
+    let mut count = 0;
+    let close = |s: &Vec<(i64, Option<f32>)>, first, count, out: &mut Vec<NaiveRow>| {
+        if !s.iter().skip(1).any(|(_, lp)| lp.is_some()) {
+            return;
+        }
+        let inputs = s[..s.len() - 1].iter().map(|e| e.0).collect();
+        let targets = s[1..].iter().map(|e| e.0).collect();
+        let lps = s[1..].iter().map(|e| e.1.unwrap_or(0.0).to_bits()).collect();
+        let advs = s[1..]
+            .iter()
+            .map(|e| if e.1.is_some() { a } else { 0.0 }.to_bits())
+            .collect();
+        out.push((inputs, targets, lps, advs, first, count));
     };
-    let (mut tok, mut lp) = (0, 0);
-    for (s, &a) in shapes.iter().zip(advantages) {
-        let full = &tokens[tok..tok + s.prompt_len + s.completion_len];
-        let fitted = &logprobs[lp..lp + s.completion_len];
-        tok += full.len();
-        lp += fitted.len();
-        if s.completion_len == 0 || full.len() < 2 {
-            continue;
+    for (u, (p, c, lp)) in turns.iter().enumerate() {
+        let extends = merged && !s.is_empty() && p.len() >= s.len() && s.iter().zip(p).all(|(e, t)| e.0 == *t);
+        if extends {
+            s.extend(p[s.len()..].iter().map(|&t| (t, None)));
+        } else {
+            close(&s, first, count, &mut out);
+            s = p.iter().map(|&t| (t, None)).collect();
+            first = u;
+            count = 0;
         }
-        for j in 0..full.len() - 1 {
-            rows.input_tokens.push(full[j]);
-            rows.targets.push(full[j + 1]);
-            let completion = j + 1 >= s.prompt_len;
-            rows.logprobs
-                .push(if completion { fitted[j + 1 - s.prompt_len] } else { 0.0 });
-            rows.advantages.push(if completion { a } else { 0.0 });
-        }
-        rows.offsets.push(rows.targets.len() as i64);
+        s.extend(c.iter().zip(lp).map(|(&t, &l)| (t, Some(l))));
+        count += 1;
     }
-    rows
+    close(&s, first, count, &mut out);
+    out
 }
 
 fn bits(xs: &[f32]) -> Vec<u32> {
     xs.iter().map(|x| x.to_bits()).collect()
 }
 
+fn ours(turns: &[(Vec<i64>, Vec<i64>, Vec<f32>)], merged: bool, a: f32) -> Vec<NaiveRow> {
+    let mut t = Trajectory::default();
+    let mut logprobs = Vec::new();
+    for (p, c, lp) in turns {
+        let start = t.elements.len();
+        t.elements.extend(p);
+        logprobs.extend(p.iter().map(|_| 0.0f32));
+        let mid = t.elements.len();
+        t.elements.extend(c);
+        logprobs.extend(lp);
+        t.turns.push(TurnSpan {
+            prompt: start..mid,
+            completion: mid..t.elements.len(),
+        });
+    }
+    let merge = if merged {
+        Merge::WhilePromptExtends
+    } else {
+        Merge::PerTurn
+    };
+    let mut plan = Plan::default();
+    plan_rows(&t, merge, Keep::WithCompletionTarget, &mut plan);
+    plan.rows
+        .iter()
+        .map(|row| {
+            let n = row.len - 1;
+            let (mut inputs, mut targets, mut lps, mut advs) = (vec![0; n], vec![0; n], vec![0.0; n], vec![0.0; n]);
+            let out = RowOut {
+                inputs: Inputs::I64(&mut inputs),
+                targets: &mut targets,
+                logprobs: &mut lps,
+                advantages: &mut advs,
+                mask: None,
+            };
+            fill_row(plan.pieces_of(row), &t.elements, &logprobs, |_| (a, 1.0), out);
+            (inputs, targets, bits(&lps), bits(&advs), row.first_turn, row.n_turns)
+        })
+        .collect()
+}
+
 fn token() -> impl Strategy<Value = i64> {
     prop_oneof![
         Just(0i64),
         Just(1),
-        Just(i32::MAX as i64 - 1),
-        Just(i32::MAX as i64),
-        0..=i32::MAX as i64
+        Just(i64::from(i32::MAX)),
+        0..4i64,
+        0..=i64::from(i32::MAX)
     ]
 }
 
 fn float() -> impl Strategy<Value = f32> {
-    prop_oneof![
-        any::<f32>(),
-        Just(f32::NAN),
-        Just(f32::INFINITY),
-        Just(f32::NEG_INFINITY),
-        Just(-0.0f32),
-        -30.0f32..0.0
-    ]
+    prop_oneof![any::<f32>(), Just(f32::NAN), Just(-0.0f32), -30.0f32..0.0]
 }
 
-fn batch() -> impl Strategy<Value = (Vec<TurnShape>, Vec<i64>, Vec<f32>, Vec<f32>)> {
-    let shape = (
-        prop_oneof![Just(0usize), Just(1), 0..300usize],
-        prop_oneof![Just(0usize), Just(1), 0..300usize],
+/// Turns whose prompts extend the sequence so far, almost do, or reset.
+fn trajectory() -> impl Strategy<Value = Vec<(Vec<i64>, Vec<i64>, Vec<f32>)>> {
+    let turn = (
+        0..4u8,
+        prop::collection::vec(token(), 0..6),
+        prop::collection::vec((token(), float()), 0..6),
+        any::<prop::sample::Index>(),
     );
-    prop::collection::vec(shape, 0..12).prop_flat_map(|dims| {
-        let shapes: Vec<TurnShape> = dims
-            .iter()
-            .map(|&(p, c)| TurnShape {
-                prompt_len: p,
-                completion_len: c,
-            })
-            .collect();
-        let n_tokens: usize = dims.iter().map(|&(p, c)| p + c).sum();
-        let n_logprobs: usize = dims.iter().map(|&(_, c)| c).sum();
-        (
-            Just(shapes),
-            prop::collection::vec(token(), n_tokens),
-            prop::collection::vec(float(), n_logprobs),
-            prop::collection::vec(float(), dims.len()),
-        )
+    prop::collection::vec(turn, 0..6).prop_map(|raw| {
+        let mut turns: Vec<(Vec<i64>, Vec<i64>, Vec<f32>)> = Vec::new();
+        let mut s: Vec<i64> = Vec::new();
+        for (how, extra, completion, index) in raw {
+            let mut p = if how == 0 {
+                extra.clone()
+            } else {
+                let mut p = s.clone();
+                p.extend(&extra);
+                p
+            };
+            if how == 2 && !p.is_empty() {
+                let i = index.index(p.len());
+                p[i] = p[i].wrapping_add(1) & 0x7fff_ffff;
+            }
+            if how == 3 && !p.is_empty() {
+                p.remove(index.index(p.len()));
+            }
+            let (c, lp): (Vec<i64>, Vec<f32>) = completion.into_iter().unzip();
+            s = p.clone();
+            s.extend(&c);
+            turns.push((p, c, lp));
+        }
+        turns
     })
 }
 
@@ -91,13 +150,7 @@ proptest! {
     })]
 
     #[test]
-    fn core_matches_the_per_position_definition((shapes, tokens, logprobs, advantages) in batch()) {
-        let ours = fill_rows(&shapes, &tokens, &logprobs, &advantages);
-        let expected = naive(&shapes, &tokens, &logprobs, &advantages);
-        prop_assert_eq!(&ours.offsets, &expected.offsets);
-        prop_assert_eq!(&ours.targets, &expected.targets);
-        prop_assert_eq!(&ours.input_tokens, &expected.input_tokens);
-        prop_assert_eq!(bits(&ours.logprobs), bits(&expected.logprobs));
-        prop_assert_eq!(bits(&ours.advantages), bits(&expected.advantages));
+    fn rows_match_the_per_position_definition(turns in trajectory(), merged in any::<bool>(), a in float()) {
+        prop_assert_eq!(ours(&turns, merged, a), naive(&turns, merged, a));
     }
 }

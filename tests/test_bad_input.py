@@ -1,4 +1,4 @@
-"""SPEC §4: bad input raises a located TypeError / ValueError before any
+"""Contract §4 (docs/contract.md): bad input raises a located TypeError / ValueError before any
 output, and the inputs are never modified."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The package against the plain-Python reference of SPEC.md."""
+"""The package against the plain-Python reference of the contract (docs/contract.md)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ def test_fitted_logprobs_are_logged_once(caplog):
     assert short.loss_fn_inputs["logprobs"].tolist() == [-1.0, 0.0]
     assert long_.loss_fn_inputs["logprobs"].tolist() == [-1.0]
     assert [r.getMessage() for r in caplog.records if r.name == "tinker_rl_data"] == [
-        "logprobs of 2 turn(s) did not match their completion length; padded with 0.0 or truncated to fit"
+        "logprobs of 2 turn(s) did not match their completion length (1 padded with 0.0, 1 truncated); "
+        "the first is group 0, trajectory 0, turn 0"
     ]
 
 

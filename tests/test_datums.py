@@ -11,28 +11,34 @@ from hypothesis import given
 
 from conftest import groups
 from tinker_rl_data import compute_advantages
-from tinker_rl_data import datums as rows
+from tinker_rl_data import _build as rows
 
 
 KNOWN_LAYOUT = tuple(int(x) for x in tinker.__version__.split(".")[:2]) >= (0, 38)
-direct_only = pytest.mark.skipif(not rows.DIRECT_PATH, reason="this tinker uses the public constructors")
+direct_only = pytest.mark.skipif(not rows.DIRECT, reason="this tinker uses the public constructors")
 
 
 @pytest.mark.skipif(not KNOWN_LAYOUT, reason="older tinker: the public constructors are used")
 def test_this_tinker_takes_the_direct_path():
     # tinker 0.38's layout is known; a change there must be noticed here.
-    assert rows.DIRECT_PATH
+    assert rows.DIRECT
 
 
 @direct_only
 @given(groups())
 def test_direct_datums_are_field_for_field_public(batch):
     advantages = compute_advantages(batch)
-    ours, our_meta, our_fitted = rows._direct(batch, advantages)
-    theirs, their_meta, their_fitted = rows._public(batch, advantages)
-    assert len(ours) == len(theirs)
-    assert all(map(rows.same_datum, ours, theirs))
-    assert our_meta == their_meta and our_fitted == their_fitted
+    for merge_turns, numpy_tokens in [(False, False), (True, False), (False, True)]:
+        ours, our_meta, our_fitted = rows._direct(batch, advantages, merge_turns, None, numpy_tokens)
+        theirs, their_meta, their_fitted = rows._public(batch, advantages, merge_turns, None, numpy_tokens)
+        assert len(ours) == len(theirs)
+        assert all(map(rows.same_datum, ours, theirs))
+        assert our_meta == their_meta
+        assert (our_fitted.padded, our_fitted.truncated, our_fitted.first) == (
+            their_fitted.padded,
+            their_fitted.truncated,
+            their_fitted.first,
+        )
     # Metadata tags are each the row's own list, not the group's.
     for m in our_meta:
         assert m.tags == list(batch[m.group_idx].tags) and m.tags is not batch[m.group_idx].tags
@@ -53,15 +59,15 @@ def test_the_comparison_can_fail():
     assert not rows.same_datum(a, public([1, 2], np.array([2.0, 3.0])))
 
 
-def test_gc_paused_restores_the_previous_state():
+def test_the_gc_state_is_restored_exactly():
+    # The core pauses the GC while it builds objects, and leaves it as found.
+    batch = rows._probe_batch()
     assert gc.isenabled()
-    with rows.gc_paused():
-        assert not gc.isenabled()
+    rows.build_datums(batch, [[0.5, -0.5]], False, None, False)
     assert gc.isenabled()
     gc.disable()
     try:
-        with rows.gc_paused():
-            pass
+        rows.build_datums(batch, [[0.5, -0.5]], False, None, False)
         assert not gc.isenabled()
     finally:
         gc.enable()
@@ -73,7 +79,7 @@ def test_only_containers_of_atoms_are_untracked():
     field-name sets off the cyclic GC's books (they hold only ints or strs,
     so they can be in no cycle); every other container stays tracked."""
     batch = rows._probe_batch()
-    (datum, *_), (meta, *_), _ = rows._direct(batch, [[0.5, -0.5]])
+    (datum, *_), (meta, *_), _ = rows._direct(batch, [[0.5, -0.5]], False, None, False)
     chunk = datum.model_input.chunks[0]
     untracked = [chunk.tokens, chunk.__pydantic_fields_set__, datum.model_input.__pydantic_fields_set__]
     untracked += [td.shape for td in datum.loss_fn_inputs.values()]

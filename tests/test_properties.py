@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import reference
 import tinker_rl_data as trd
 from conftest import datum_content, groups
-from tinker_rl_data.datums import DIRECT_PATH
+from tinker_rl_data._build import DIRECT as DIRECT_PATH
 from tinker_rl_data.env import Trajectory, TrajectoryGroup, Turn
 
 

@@ -3,18 +3,21 @@
 A drop-in for ``evsys_sdk.training.data_processing``::
 
     from tinker_rl_data import assemble_training_data, compute_advantages
+
+The contract (inputs, rows, errors) is in ``docs/contract.md`` of the
+repository and in the functions' docstrings.
 """
 
-from ._core import __version__
-from .data_processing import (
-    DatumMetadata,
-    RowArrays,
-    assemble_arrays,
-    assemble_training_data,
-    compute_advantages,
-    compute_trajectory_metrics,
-)
+from ._core import __version__ as __version__
+from .data_processing import Advantages as Advantages
+from .data_processing import DatumMetadata as DatumMetadata
+from .data_processing import RowArrays as RowArrays
+from .data_processing import assemble_arrays as assemble_arrays
+from .data_processing import assemble_training_data as assemble_training_data
+from .data_processing import compute_advantages as compute_advantages
+from .data_processing import compute_trajectory_metrics as compute_trajectory_metrics
+from .data_processing import remove_constant_reward_groups as remove_constant_reward_groups
 
 # Exactly the replaced module's names, so `import *` brings the same ones;
-# `assemble_arrays` and `RowArrays` are public too, imported by name.
+# the others are public too, imported by name (explicit re-exports above).
 __all__ = ["DatumMetadata", "assemble_training_data", "compute_advantages", "compute_trajectory_metrics"]

@@ -1,28 +1,78 @@
 """The Rust core (PyO3). Private: use the functions of ``tinker_rl_data``."""
 
-from typing import Any
+from typing import Any, final
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["__version__", "compute_advantages", "reward_metrics", "assemble_arrays", "assemble_datums", "_panic_probe"]
+__all__ = [
+    "__version__",
+    "Fitted",
+    "BuiltDatums",
+    "Rows",
+    "compute_advantages",
+    "reward_metrics",
+    "varied_reward_groups",
+    "assemble_arrays",
+    "assemble_datums",
+    "_panic_probe",
+]
 
 __version__: str
 
-def compute_advantages(groups: Any, normalize: bool) -> list[list[float]]: ...
+@final
+class Fitted:
+    @property
+    def padded(self) -> int: ...
+    @property
+    def truncated(self) -> int: ...
+    @property
+    def first(self) -> tuple[int, int, int] | None: ...
+
+@final
+class BuiltDatums:
+    @property
+    def datums(self) -> list[Any]: ...
+    @property
+    def metadata(self) -> list[Any]: ...
+    @property
+    def fitted(self) -> Fitted: ...
+
+@final
+class Rows:
+    @property
+    def input_tokens(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def target_tokens(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def logprobs(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def advantages(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def row_offsets(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def group_idx(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def traj_idx(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def turn_idx(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def n_turns(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def fitted(self) -> Fitted: ...
+
+def compute_advantages(
+    groups: Any, normalize: bool, leave_one_out: bool, scale_by_std: bool, eps: float
+) -> list[list[float]]: ...
 def reward_metrics(groups: Any) -> tuple[float, float, int, int] | None: ...
-def assemble_arrays(
-    groups: Any, advantages: Any
-) -> tuple[
-    npt.NDArray[np.int64],
-    npt.NDArray[np.int64],
-    npt.NDArray[np.float32],
-    npt.NDArray[np.float32],
-    npt.NDArray[np.int64],
-    npt.NDArray[np.int64],
-    npt.NDArray[np.int64],
-    npt.NDArray[np.int64],
-    int,
-]: ...
-def assemble_datums(groups: Any, advantages: Any, classes: tuple[type, type, type, type, type]) -> tuple[list[Any], list[Any], int]: ...
+def varied_reward_groups(groups: Any) -> list[int]: ...
+def assemble_arrays(groups: Any, advantages: Any, merge_turns: bool, vocab_size: int | None) -> Rows: ...
+def assemble_datums(
+    groups: Any,
+    advantages: Any,
+    classes: tuple[type, type, type, type, type],
+    merge_turns: bool,
+    vocab_size: int | None,
+    numpy_tokens: bool,
+) -> BuiltDatums: ...
 def _panic_probe() -> None: ...

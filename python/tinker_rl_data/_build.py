@@ -1,0 +1,225 @@
+"""Building the output rows: real ``tinker.Datum`` objects and their
+:class:`DatumMetadata`.
+
+tinker's public constructors cost about 9 us per Datum plus 20-30 ns per
+token of pydantic validation, more than the whole numeric work. The rows
+are already validated, so where this tinker's classes have the layout we
+know, the core fills each instance's fields as the constructors would
+(``_core.assemble_datums``). At import, one batch is built both ways and
+compared field by field; anywhere they differ (another tinker version's
+internals), the public constructors are used.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import fields, is_dataclass
+from typing import Any, Sequence
+
+import numpy as np
+from tinker import Datum, ModelInput, TensorData
+from tinker.types import EncodedTextChunk
+
+from . import _core
+from .metadata import DatumMetadata
+
+__all__: list[str] = []
+
+logger = logging.getLogger("tinker_rl_data")
+
+_CLASSES = (Datum, ModelInput, EncodedTextChunk, TensorData, DatumMetadata)
+
+
+def _direct(
+    groups: Sequence[Any], advantages: Any, merge_turns: bool, vocab_size: int | None, numpy_tokens: bool
+) -> tuple[list[Datum], list[DatumMetadata], _core.Fitted]:
+    built = _core.assemble_datums(groups, advantages, _CLASSES, merge_turns, vocab_size, numpy_tokens)
+    return built.datums, built.metadata, built.fitted
+
+
+def _public(
+    groups: Sequence[Any], advantages: Any, merge_turns: bool, vocab_size: int | None, numpy_tokens: bool
+) -> tuple[list[Datum], list[DatumMetadata], _core.Fitted]:
+    """Through tinker's public constructors, from the core's flat rows; each
+    Datum gets copies of its own rows (no view of the batch's arrays)."""
+    rows = _core.assemble_arrays(groups, advantages, merge_turns, vocab_size)
+    tags = [_tags(g) for g in groups]
+    bounds = rows.row_offsets.tolist()
+    datums = []
+    for a, b in zip(bounds, bounds[1:]):
+        inputs = rows.input_tokens[a:b]
+        if numpy_tokens:
+            tokens = inputs.astype(np.int32)
+            tokens.flags.writeable = False
+            model_input = ModelInput(chunks=[EncodedTextChunk.model_construct(tokens=tokens)])
+        else:
+            model_input = ModelInput.from_ints(inputs.tolist())
+        loss_fn_inputs = {
+            "target_tokens": TensorData.from_numpy(rows.target_tokens[a:b].copy()),
+            "logprobs": TensorData.from_numpy(rows.logprobs[a:b].copy()),
+            "advantages": TensorData.from_numpy(rows.advantages[a:b].copy()),
+        }
+        datums.append(Datum(model_input=model_input, loss_fn_inputs=loss_fn_inputs))
+    columns = zip(rows.group_idx.tolist(), rows.traj_idx.tolist(), rows.turn_idx.tolist(), rows.n_turns.tolist())
+    metadata = [DatumMetadata(g, t, u, list(tags[g]), n) for g, t, u, n in columns]
+    return datums, metadata, rows.fitted
+
+
+def _tags(group: Any) -> list[str]:
+    # Only reached after the core has read and checked every group's tags.
+    tags = getattr(group, "tags", None)
+    return [] if tags is None else list(tags)
+
+
+def same_datum(a: Datum, b: Datum) -> bool:
+    """Field by field, down to pydantic's bookkeeping and numpy dtypes."""
+    if type(a) is not type(b) or list(vars(a)) != list(vars(b)):
+        return False
+    for name, value in vars(a).items():
+        other = vars(b)[name]
+        if name == "model_input":
+            if not _same_model(value, other):
+                return False
+        elif name == "loss_fn_inputs":
+            if list(value) != list(other) or not all(_same_tensor(value[k], other[k]) for k in value):
+                return False
+        elif value != other:
+            return False
+    return True
+
+
+_PYDANTIC_STATE = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
+
+
+def _same_model(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    for slot in _PYDANTIC_STATE:
+        x: Any = getattr(a, slot, None)
+        y: Any = getattr(b, slot, None)
+        if slot != "__dict__":
+            if x != y:
+                return False
+            continue
+        if list(x) != list(y):
+            return False
+        for key in x:
+            u, v = x[key], y[key]
+            if type(u) is not type(v):
+                return False
+            if isinstance(u, np.ndarray):
+                if not (u.dtype == v.dtype and u.shape == v.shape and np.array_equal(u, v)):
+                    return False
+            elif isinstance(u, list):
+                if len(u) != len(v):
+                    return False
+                if u and hasattr(u[0], "__pydantic_fields_set__"):
+                    if not all(map(_same_model, u, v)):
+                        return False
+                elif u != v or [type(i) for i in u] != [type(i) for i in v]:
+                    return False
+            elif u != v:
+                return False
+    return True
+
+
+def _same_tensor(a: TensorData, b: TensorData) -> bool:
+    if type(a) is not type(b) or list(vars(a)) != list(vars(b)):
+        return False
+    for key, x in vars(a).items():
+        y = vars(b)[key]
+        if isinstance(x, np.ndarray):
+            if not (isinstance(y, np.ndarray) and x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)):
+                return False
+        elif type(x) is not type(y) or x != y:
+            return False
+    return True
+
+
+def _probe_batch() -> list[Any]:
+    from .env import Trajectory, TrajectoryGroup, Turn
+
+    return [
+        TrajectoryGroup(
+            [
+                Trajectory([Turn([7, 8], [9, 10], [-0.5, -0.25]), Turn([], [1, True, 3], [-1.0, -2.0, -3.0])], 1.0),
+                Trajectory([Turn((2**31 - 1, 5), np.array([6, 7]), np.array([-0.125, -0.5]))], 0.0),
+            ],
+            tags=["probe"],
+        )
+    ]
+
+
+def _direct_path_check() -> str | None:
+    """Why this tinker cannot take the direct path, or None if it can: its
+    classes have the fields the core fills, and a probe batch built both
+    ways is the same, field by field."""
+    if not (is_dataclass(Datum) and is_dataclass(TensorData)):
+        return "tinker.Datum or tinker.TensorData is not a dataclass"
+    if [f.name for f in fields(Datum)] != ["model_input", "loss_fn_inputs", "model_input_spans", "loss_fn_input_spans"]:
+        return "tinker.Datum's fields differ from tinker 0.38's"
+    if [f.name for f in fields(TensorData)] != ["dtype", "shape", "sparse_crow_indices", "sparse_col_indices", "_numpy"]:
+        return "tinker.TensorData's fields differ from tinker 0.38's"
+    if list(ModelInput.model_fields) != ["chunks"] or list(EncodedTextChunk.model_fields) != ["tokens", "type"]:
+        return "tinker.ModelInput's or EncodedTextChunk's fields differ from tinker 0.38's"
+    batch, advantages = _probe_batch(), [[0.5, -0.5]]
+    for merge_turns in (False, True):
+        ours, our_meta, _ = _direct(batch, advantages, merge_turns, None, False)
+        theirs, their_meta, _ = _public(batch, advantages, merge_turns, None, False)
+        if not (len(ours) == len(theirs) > 0 and all(map(same_datum, ours, theirs)) and our_meta == their_meta):
+            return f"a probe batch (merge_turns={merge_turns}) built directly differs from tinker's constructors"
+    return None
+
+
+def _choose_path() -> bool:
+    try:
+        reason = _direct_path_check()
+    except Exception as e:  # any surprise in tinker's internals: use its constructors
+        reason = f"the probe raised {type(e).__name__}: {e}"
+    if reason is None:
+        logger.debug("building Datums directly: tinker's classes have the known layout")
+        return True
+    logger.debug("building Datums through tinker's public constructors: %s", reason)
+    return False
+
+
+def _numpy_tokens_check() -> str | None:
+    """Why int32-array model inputs cannot be sent by this tinker, or None:
+    its wire encoder must give the same bytes as for a list of ints."""
+    try:
+        from tinker import types
+        from tinker.proto.request_conv import forward_backward_request_to_proto
+    except ImportError as e:
+        return f"this tinker has no wire encoder to check against ({e})"
+
+    def encoded(tokens: Any) -> bytes:
+        chunk = EncodedTextChunk.model_construct(tokens=tokens)
+        datum = Datum(model_input=ModelInput(chunks=[chunk]), loss_fn_inputs={})
+        request = types.ForwardBackwardRequest(
+            forward_backward_input=types.ForwardBackwardInput(data=[datum], loss_fn="importance_sampling"),
+            model_id="probe",
+            seq_id=0,
+        )
+        return bytes(forward_backward_request_to_proto(request).SerializeToString(deterministic=True))
+
+    try:
+        values = [0, 1, 2**31 - 1, 7]
+        if encoded(np.array(values, dtype=np.int32)) != encoded(values):
+            return "this tinker encodes an int32 array differently from a list of ints"
+    except Exception as e:
+        return f"this tinker's encoder does not take an int32 array ({type(e).__name__}: {e})"
+    return None
+
+
+DIRECT = _choose_path()
+NUMPY_TOKENS_UNSUPPORTED = _numpy_tokens_check()
+
+
+def build_datums(
+    groups: Sequence[Any], advantages: Any, merge_turns: bool, vocab_size: int | None, numpy_tokens: bool
+) -> tuple[list[Datum], list[DatumMetadata], _core.Fitted]:
+    """Datums, their metadata, and how the logprobs of turns were fitted."""
+    if numpy_tokens and NUMPY_TOKENS_UNSUPPORTED:
+        raise RuntimeError(f"model_input_tokens='numpy' is not available: {NUMPY_TOKENS_UNSUPPORTED}")
+    build = _direct if DIRECT else _public
+    return build(groups, advantages, merge_turns, vocab_size, numpy_tokens)

@@ -1,0 +1,270 @@
+//! Where rows begin and end. Plain Rust over one trajectory as read: one
+//! row per turn, or (merged) one row while each turn's prompt extends the
+//! sequence so far.
+//!
+//! Rows are made of *pieces*: runs of the trajectory's elements (tokens, or
+//! opaque non-text chunks, each one element) that are either context
+//! (prompt / observation) or a turn's completion.
+
+use std::ops::Range;
+
+/// One trajectory's elements as read: every turn's prompt and completion,
+/// back to back in `elements`.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Trajectory {
+    pub elements: Vec<i64>,
+    pub turns: Vec<TurnSpan>,
+}
+
+impl Trajectory {
+    pub fn clear(&mut self) {
+        self.elements.clear();
+        self.turns.clear();
+    }
+}
+
+/// Where one turn's prompt and completion lie in [`Trajectory::elements`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnSpan {
+    pub prompt: Range<usize>,
+    pub completion: Range<usize>,
+}
+
+/// A run of elements within a row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    /// Into [`Trajectory::elements`].
+    pub elements: Range<usize>,
+    pub turn: usize,
+    pub completion: bool,
+}
+
+/// One row: the sequence `S` its pieces spell out, and the turns it covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// Into [`Plan::pieces`].
+    pub pieces: Range<usize>,
+    pub first_turn: usize,
+    pub n_turns: usize,
+    /// Elements in `S`.
+    pub len: usize,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub rows: Vec<Row>,
+    pub pieces: Vec<Piece>,
+}
+
+impl Plan {
+    pub fn clear(&mut self) {
+        self.rows.clear();
+        self.pieces.clear();
+    }
+
+    pub fn pieces_of(&self, row: &Row) -> &[Piece] {
+        &self.pieces[row.pieces.clone()]
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Merge {
+    /// One row per turn: `prompt + completion`.
+    PerTurn,
+    /// Consecutive turns share a row while each prompt starts with the
+    /// sequence so far (tinker-cookbook's rule).
+    WhilePromptExtends,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// Rows with at least one completion element among their targets (`S[1:]`).
+    WithCompletionTarget,
+    /// Every non-empty row (tinker-cookbook; its too-short rows are errors).
+    NonEmpty,
+}
+
+/// The rows of `trajectory`, appended to `plan` (which is cleared first).
+pub fn plan_rows(trajectory: &Trajectory, merge: Merge, keep: Keep, plan: &mut Plan) {
+    plan.clear();
+    let mut open: Option<Open> = None;
+    for (u, turn) in trajectory.turns.iter().enumerate() {
+        let extends = match (&open, merge) {
+            (Some(row), Merge::WhilePromptExtends) => {
+                row.len > 0
+                    && starts_with(
+                        &trajectory.elements,
+                        turn.prompt.clone(),
+                        &plan.pieces[row.first_piece..],
+                    )
+            }
+            _ => false,
+        };
+        let new_part = if extends {
+            let row = open.as_ref().expect("extends implies an open row");
+            turn.prompt.start + row.len..turn.prompt.end
+        } else {
+            if let Some(row) = open.take() {
+                row.close(keep, plan);
+            }
+            open = Some(Open::at(u, plan.pieces.len()));
+            turn.prompt.clone()
+        };
+        let row = open.as_mut().expect("a row is open");
+        row.push(plan, new_part, u, false);
+        row.push(plan, turn.completion.clone(), u, true);
+        row.n_turns += 1;
+    }
+    if let Some(row) = open {
+        row.close(keep, plan);
+    }
+}
+
+/// A row being built: its pieces are `plan.pieces[first_piece..]`.
+struct Open {
+    first_piece: usize,
+    first_turn: usize,
+    n_turns: usize,
+    len: usize,
+    completion_target: bool,
+}
+
+impl Open {
+    fn at(turn: usize, first_piece: usize) -> Self {
+        Open {
+            first_piece,
+            first_turn: turn,
+            n_turns: 0,
+            len: 0,
+            completion_target: false,
+        }
+    }
+
+    fn push(&mut self, plan: &mut Plan, elements: Range<usize>, turn: usize, completion: bool) {
+        if elements.is_empty() {
+            return;
+        }
+        // A completion element is a target unless it is the first of `S`.
+        self.completion_target |= completion && (self.len > 0 || elements.len() > 1);
+        self.len += elements.len();
+        plan.pieces.push(Piece {
+            elements,
+            turn,
+            completion,
+        });
+    }
+
+    fn close(self, keep: Keep, plan: &mut Plan) {
+        let kept = match keep {
+            Keep::WithCompletionTarget => self.completion_target,
+            Keep::NonEmpty => self.len > 0,
+        };
+        if kept {
+            plan.rows.push(Row {
+                pieces: self.first_piece..plan.pieces.len(),
+                first_turn: self.first_turn,
+                n_turns: self.n_turns,
+                len: self.len,
+            });
+        } else {
+            plan.pieces.truncate(self.first_piece);
+        }
+    }
+}
+
+/// Whether `elements[prompt]` starts with the sequence `pieces` spell out.
+fn starts_with(elements: &[i64], prompt: Range<usize>, pieces: &[Piece]) -> bool {
+    let prompt = &elements[prompt];
+    let mut at = 0;
+    for piece in pieces {
+        let part = &elements[piece.elements.clone()];
+        match prompt.get(at..at + part.len()) {
+            Some(p) if p == part => at += part.len(),
+            _ => return false,
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trajectory from `(prompt, completion)` token lists.
+    pub fn trajectory(turns: &[(&[i64], &[i64])]) -> Trajectory {
+        let mut t = Trajectory::default();
+        for (p, c) in turns {
+            let start = t.elements.len();
+            t.elements.extend_from_slice(p);
+            let mid = t.elements.len();
+            t.elements.extend_from_slice(c);
+            t.turns.push(TurnSpan {
+                prompt: start..mid,
+                completion: mid..t.elements.len(),
+            });
+        }
+        t
+    }
+
+    fn sequences(t: &Trajectory, plan: &Plan) -> Vec<(Vec<i64>, usize, usize)> {
+        plan.rows
+            .iter()
+            .map(|row| {
+                let s = plan
+                    .pieces_of(row)
+                    .iter()
+                    .flat_map(|p| t.elements[p.elements.clone()].iter().copied())
+                    .collect();
+                (s, row.first_turn, row.n_turns)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn per_turn_rows_keep_turns_with_a_completion_target() {
+        let t = trajectory(&[(&[1, 2], &[]), (&[], &[7]), (&[], &[7, 8]), (&[1], &[2])]);
+        let mut plan = Plan::default();
+        plan_rows(&t, Merge::PerTurn, Keep::WithCompletionTarget, &mut plan);
+        assert_eq!(sequences(&t, &plan), vec![(vec![7, 8], 2, 1), (vec![1, 2], 3, 1)]);
+    }
+
+    #[test]
+    fn merged_rows_follow_the_prompt_while_it_extends() {
+        // Turn 1 extends turn 0 (prompt = 1 2 | 3 | 9), turn 2 almost does
+        // (one token differs) and starts a new row, turn 3 extends turn 2.
+        let t = trajectory(&[
+            (&[1, 2], &[3]),
+            (&[1, 2, 3, 9], &[4, 5]),
+            (&[1, 2, 3, 9, 4, 6], &[7]),
+            (&[1, 2, 3, 9, 4, 6, 7], &[8]),
+        ]);
+        let mut plan = Plan::default();
+        plan_rows(&t, Merge::WhilePromptExtends, Keep::WithCompletionTarget, &mut plan);
+        assert_eq!(
+            sequences(&t, &plan),
+            vec![(vec![1, 2, 3, 9, 4, 5], 0, 2), (vec![1, 2, 3, 9, 4, 6, 7, 8], 2, 2)]
+        );
+        let completions: Vec<bool> = plan.pieces.iter().map(|p| p.completion).collect();
+        // Turn 3's prompt is exactly the sequence so far: no new context piece.
+        assert_eq!(completions, vec![false, true, false, true, false, true, true]);
+    }
+
+    #[test]
+    fn rows_without_completion_targets_are_dropped_or_kept_by_rule() {
+        // One lone completion token with an empty prompt: no target at all.
+        let t = trajectory(&[(&[], &[5]), (&[5, 6], &[])]);
+        let mut plan = Plan::default();
+        plan_rows(&t, Merge::WhilePromptExtends, Keep::WithCompletionTarget, &mut plan);
+        assert!(plan.rows.is_empty() && plan.pieces.is_empty());
+        plan_rows(&t, Merge::WhilePromptExtends, Keep::NonEmpty, &mut plan);
+        assert_eq!(sequences(&t, &plan), vec![(vec![5, 6], 0, 2)]);
+    }
+
+    #[test]
+    fn an_empty_sequence_never_extends() {
+        let t = trajectory(&[(&[], &[]), (&[1], &[2])]);
+        let mut plan = Plan::default();
+        plan_rows(&t, Merge::WhilePromptExtends, Keep::NonEmpty, &mut plan);
+        assert_eq!(sequences(&t, &plan), vec![(vec![1, 2], 1, 1)]);
+    }
+}

@@ -1,0 +1,292 @@
+//! The pipeline behind the exported functions: read (a front door's
+//! reader) -> plan (rows per turn or merged) -> fill (the numeric core,
+//! straight into each row's own arrays) -> build (tinker's objects).
+
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use crate::plan::{plan_rows, Keep, Merge, Piece, Plan, Trajectory};
+use crate::py::build::{self, Column, DatumClasses, FilledRow, GcPaused, LossInput, ModelInputOut, RowMeta};
+use crate::py::evsys::{self, Batch, FitReport, TrajectoryIn};
+use crate::py::read::MAX_TOKEN;
+use crate::rows::{fill_row, Inputs, RowOut};
+
+/// What the caller asked for.
+#[derive(Clone, Copy)]
+pub struct Options {
+    pub merge: Merge,
+    /// Tokens must be below this: the vocabulary size, or 2**31.
+    pub token_limit: i64,
+    pub model_input: ModelInputKind,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ModelInputKind {
+    /// A list of Python ints (sharing the caller's where it can).
+    List,
+    /// A read-only int32 numpy array.
+    Int32,
+}
+
+impl Options {
+    pub fn new(merge_turns: bool, vocab_size: Option<i64>, model_input: ModelInputKind) -> Self {
+        Options {
+            merge: if merge_turns {
+                Merge::WhilePromptExtends
+            } else {
+                Merge::PerTurn
+            },
+            token_limit: vocab_size.map_or(MAX_TOKEN + 1, |v| v.min(MAX_TOKEN + 1)),
+            model_input,
+        }
+    }
+}
+
+/// How often (in rows built) pending signals are checked while building.
+const SIGNAL_CHECK_ROWS: usize = 256;
+
+/// Walks the batch one trajectory at a time: reads it (sweep 2), plans its
+/// rows and hands each to `row`, with the trajectory and whether its values
+/// were all exact. Pending signals (Ctrl-C) are checked before each
+/// trajectory, so a long call stops within one trajectory's work.
+fn for_each_row<'py>(
+    py: Python<'py>,
+    batch: &Batch<'py>,
+    options: Options,
+    fit: &mut FitReport,
+    mut row: impl FnMut(&TrajectoryIn, &Trajectory, &[f32], &Plan, usize, bool) -> PyResult<()>,
+) -> PyResult<()> {
+    let mut trajectory = Trajectory::default();
+    let mut logprobs = Vec::new();
+    let mut plan = Plan::default();
+    for traj in &batch.trajectories {
+        py.check_signals()?;
+        let exact = evsys::read_values(batch, traj, options.token_limit, &mut trajectory, &mut logprobs, fit)?;
+        plan_rows(&trajectory, options.merge, Keep::WithCompletionTarget, &mut plan);
+        for r in 0..plan.rows.len() {
+            row(traj, &trajectory, &logprobs, &plan, r, exact)?;
+        }
+    }
+    Ok(())
+}
+
+/// The evsys Datums and their `DatumMetadata`.
+pub fn evsys_datums<'py>(
+    groups: &Bound<'py, PyAny>,
+    advantages: &Bound<'py, PyAny>,
+    classes: &DatumClasses<'py>,
+    options: Options,
+) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, FitReport)> {
+    let py = groups.py();
+    let batch = evsys::read_structure(groups, advantages, true)?;
+    let mut fit = FitReport::default();
+    let mut rows = Vec::new();
+    for_each_row(
+        py,
+        &batch,
+        options,
+        &mut fit,
+        |traj, trajectory, logprobs, plan, r, exact| {
+            let row = &plan.rows[r];
+            let pieces = plan.pieces_of(row);
+            let n = row.len - 1;
+            let (mut targets, mut lps, mut advs) =
+                (Column::<i64>::zeros(py, n), Column::zeros(py, n), Column::zeros(py, n));
+            let mut ints = (options.model_input == ModelInputKind::Int32).then(|| Column::<i32>::zeros(py, n));
+            let out = RowOut {
+                inputs: ints.as_mut().map_or(Inputs::None, |c| Inputs::I32(c.slice_mut())),
+                targets: targets.slice_mut(),
+                logprobs: lps.slice_mut(),
+                advantages: advs.slice_mut(),
+                mask: None,
+            };
+            fill_row(pieces, &trajectory.elements, logprobs, |_| (traj.advantage, 1.0), out);
+            let tokens = match ints {
+                Some(column) => column.into_read_only().into_any(),
+                None => model_input_list(&batch, traj, trajectory, pieces, n, exact)?.into_any(),
+            };
+            rows.push(FilledRow {
+                model_input: ModelInputOut::Tokens(tokens),
+                loss_inputs: vec![
+                    LossInput {
+                        key: "target_tokens",
+                        dtype: "int64",
+                        array: targets.into_array().into_any(),
+                    },
+                    LossInput {
+                        key: "logprobs",
+                        dtype: "float32",
+                        array: lps.into_array().into_any(),
+                    },
+                    LossInput {
+                        key: "advantages",
+                        dtype: "float32",
+                        array: advs.into_array().into_any(),
+                    },
+                ],
+                n,
+                group: traj.group,
+                trajectory: traj.index,
+                first_turn: row.first_turn,
+                n_turns: row.n_turns,
+            });
+            Ok(())
+        },
+    )?;
+    let datums = PyList::empty(py);
+    let metadata = PyList::empty(py);
+    let _gc = GcPaused::new(py);
+    for (i, row) in rows.into_iter().enumerate() {
+        if i % SIGNAL_CHECK_ROWS == SIGNAL_CHECK_ROWS - 1 {
+            py.check_signals()?;
+        }
+        let meta = RowMeta {
+            group: row.group,
+            trajectory: row.trajectory,
+            first_turn: row.first_turn,
+            n_turns: row.n_turns,
+        };
+        metadata.append(build::metadata(&classes.metadata, &meta, &batch.tags[meta.group])?)?;
+        datums.append(build::datum(classes, row)?)?;
+    }
+    Ok((datums, metadata, fit))
+}
+
+/// `S[:-1]` of a row as a list of ints. When every value of the trajectory
+/// was an exact int or float, no Python code ran since its tokens were
+/// read, so the caller's sequences still hold exactly those ints: the list
+/// shares them, copied slice by slice by CPython. Otherwise (bools, numpy
+/// integers, user objects) it is made from the values read.
+fn model_input_list<'py>(
+    batch: &Batch<'py>,
+    traj: &TrajectoryIn,
+    trajectory: &Trajectory,
+    pieces: &[Piece],
+    n: usize,
+    exact: bool,
+) -> PyResult<Bound<'py, PyList>> {
+    let py = batch.turns[traj.turns.start].prompt.py();
+    if exact {
+        let out = PyList::empty(py);
+        for piece in pieces {
+            let turn = &batch.turns[traj.turns.start + piece.turn];
+            let span = &trajectory.turns[piece.turn];
+            let (items, field_start) = if piece.completion {
+                (&turn.completion, span.completion.start)
+            } else {
+                (&turn.prompt, span.prompt.start)
+            };
+            let (a, b) = (piece.elements.start - field_start, piece.elements.end - field_start);
+            let source = items.container();
+            let end = out.len();
+            if a == 0 && source.len()? == b {
+                out.set_slice(end, end, source)?;
+            } else if let Ok(list) = source.cast::<PyList>() {
+                out.set_slice(end, end, list.get_slice(a, b).as_any())?;
+            } else {
+                out.set_slice(end, end, source.cast::<PyTuple>()?.get_slice(a, b).as_any())?;
+            }
+        }
+        out.del_slice(n, n + 1)?;
+        if out.len() == n {
+            return Ok(out);
+        }
+    }
+    let values = pieces
+        .iter()
+        .flat_map(|p| trajectory.elements[p.elements.clone()].iter());
+    PyList::new(py, values.take(n))
+}
+
+/// The rows as flat columns (row `i` is `offsets[i]..offsets[i + 1]`).
+pub struct FlatRows<'py> {
+    pub input_tokens: Bound<'py, PyArray1<i64>>,
+    pub targets: Bound<'py, PyArray1<i64>>,
+    pub logprobs: Bound<'py, PyArray1<f32>>,
+    pub advantages: Bound<'py, PyArray1<f32>>,
+    pub offsets: Bound<'py, PyArray1<i64>>,
+    pub group_idx: Bound<'py, PyArray1<i64>>,
+    pub traj_idx: Bound<'py, PyArray1<i64>>,
+    pub turn_idx: Bound<'py, PyArray1<i64>>,
+    pub n_turns: Bound<'py, PyArray1<i64>>,
+    pub fit: FitReport,
+}
+
+fn index(i: usize) -> i64 {
+    i64::try_from(i).expect("an index fits in i64")
+}
+
+pub fn evsys_arrays<'py>(
+    groups: &Bound<'py, PyAny>,
+    advantages: &Bound<'py, PyAny>,
+    options: Options,
+) -> PyResult<FlatRows<'py>> {
+    let py = groups.py();
+    let batch = evsys::read_structure(groups, advantages, false)?;
+    // Per turn the sizes are known now; merged rows are shorter.
+    let capacity: usize = batch
+        .turns
+        .iter()
+        .map(|t| (t.prompt.len() + t.completion.len()).saturating_sub(1))
+        .sum();
+    let mut inputs: Vec<i64> = Vec::with_capacity(capacity);
+    let mut targets: Vec<i64> = Vec::with_capacity(capacity);
+    let mut lps: Vec<f32> = Vec::with_capacity(capacity);
+    let mut advs: Vec<f32> = Vec::with_capacity(capacity);
+    let mut offsets = vec![0i64];
+    let (mut group_idx, mut traj_idx, mut turn_idx, mut n_turns) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut fit = FitReport::default();
+    for_each_row(
+        py,
+        &batch,
+        options,
+        &mut fit,
+        |traj, trajectory, logprobs, plan, r, _| {
+            let row = &plan.rows[r];
+            let start = targets.len();
+            let end = start + row.len - 1;
+            inputs.resize(end, 0);
+            targets.resize(end, 0);
+            lps.resize(end, 0.0);
+            advs.resize(end, 0.0);
+            let out = RowOut {
+                inputs: Inputs::I64(&mut inputs[start..]),
+                targets: &mut targets[start..],
+                logprobs: &mut lps[start..],
+                advantages: &mut advs[start..],
+                mask: None,
+            };
+            fill_row(
+                plan.pieces_of(row),
+                &trajectory.elements,
+                logprobs,
+                |_| (traj.advantage, 1.0),
+                out,
+            );
+            offsets.push(index(end));
+            group_idx.push(index(traj.group));
+            traj_idx.push(index(traj.index));
+            turn_idx.push(index(row.first_turn));
+            n_turns.push(index(row.n_turns));
+            Ok(())
+        },
+    )?;
+    for column in [&mut inputs, &mut targets] {
+        column.shrink_to_fit();
+    }
+    lps.shrink_to_fit();
+    advs.shrink_to_fit();
+    Ok(FlatRows {
+        input_tokens: PyArray1::from_vec(py, inputs),
+        targets: PyArray1::from_vec(py, targets),
+        logprobs: PyArray1::from_vec(py, lps),
+        advantages: PyArray1::from_vec(py, advs),
+        offsets: PyArray1::from_vec(py, offsets),
+        group_idx: PyArray1::from_vec(py, group_idx),
+        traj_idx: PyArray1::from_vec(py, traj_idx),
+        turn_idx: PyArray1::from_vec(py, turn_idx),
+        n_turns: PyArray1::from_vec(py, n_turns),
+        fit,
+    })
+}

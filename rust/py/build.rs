@@ -1,0 +1,284 @@
+//! Turning filled rows into tinker's objects without their constructors'
+//! per-token validation (the rows are already checked): each instance gets
+//! exactly the fields its public constructor would give it. `_build.py`
+//! checks at import that the result is field for field the public one, and
+//! uses the public constructors instead wherever it is not.
+
+use numpy::{Element, PyArray1, PyArrayMethods, PyUntypedArrayMethods};
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PySet, PyString, PyTuple, PyType};
+
+/// tinker's classes (and the metadata class) that rows are built into.
+pub struct DatumClasses<'py> {
+    pub datum: Bound<'py, PyType>,
+    pub model_input: Bound<'py, PyType>,
+    pub chunk: Bound<'py, PyType>,
+    pub tensor_data: Bound<'py, PyType>,
+    pub metadata: Bound<'py, PyType>,
+}
+
+/// A fresh, zeroed 1-D numpy array that this code alone can see until
+/// [`Column::into_array`] hands it on: it is written through a plain slice.
+pub struct Column<'py, T: Element> {
+    array: Bound<'py, PyArray1<T>>,
+}
+
+impl<'py, T: Element> Column<'py, T> {
+    pub fn zeros(py: Python<'py>, n: usize) -> Self {
+        Column {
+            array: PyArray1::zeros(py, n, false),
+        }
+    }
+
+    pub fn slice_mut(&mut self) -> &mut [T] {
+        // SAFETY: the array was created in `zeros`, is contiguous, and no
+        // reference to it exists outside `self` (it is handed on only by
+        // consuming `self`), so this is the only view of its memory. numpy's
+        // `readwrite()` would check the same at run time, per array.
+        unsafe { self.array.as_slice_mut() }.expect("a fresh 1-D array is contiguous")
+    }
+
+    pub fn into_array(self) -> Bound<'py, PyArray1<T>> {
+        self.array
+    }
+
+    /// Marks the array read-only, as handed to users who must not write it.
+    pub fn into_read_only(self) -> Bound<'py, PyArray1<T>> {
+        // SAFETY: `as_array_ptr` is the live array object; clearing the
+        // WRITEABLE flag is what `arr.flags.writeable = False` does.
+        unsafe {
+            (*self.array.as_array_ptr()).fields.flags &= !numpy::npyffi::NPY_ARRAY_WRITEABLE;
+        }
+        self.array
+    }
+}
+
+/// A row's model input as built: one text chunk's tokens (a list of ints
+/// or an int32 array).
+pub enum ModelInputOut<'py> {
+    Tokens(Bound<'py, PyAny>),
+}
+
+/// One loss input: its key, its dtype's name, its array.
+pub struct LossInput<'py> {
+    pub key: &'static str,
+    pub dtype: &'static str,
+    pub array: Bound<'py, PyAny>,
+}
+
+/// Everything one Datum is made of.
+pub struct FilledRow<'py> {
+    pub model_input: ModelInputOut<'py>,
+    pub loss_inputs: Vec<LossInput<'py>>,
+    /// Positions (`len(S) - 1`).
+    pub n: usize,
+    pub group: usize,
+    pub trajectory: usize,
+    pub first_turn: usize,
+    pub n_turns: usize,
+}
+
+type NewFunc =
+    unsafe extern "C" fn(*mut ffi::PyTypeObject, *mut ffi::PyObject, *mut ffi::PyObject) -> *mut ffi::PyObject;
+
+/// An instance of `cls` made by `new` with no arguments and no `__init__`.
+fn new_instance<'py>(cls: &Bound<'py, PyType>, new: NewFunc) -> PyResult<Bound<'py, PyAny>> {
+    let py = cls.py();
+    let args = PyTuple::empty(py);
+    // SAFETY: `new` is a `tp_new` slot (of `object`, or the generic one);
+    // both accept any heap type deriving from `object` with an args tuple
+    // and no kwargs, and return a new reference or NULL with an exception.
+    unsafe { Bound::from_owned_ptr_or_err(py, new(cls.as_type_ptr(), args.as_ptr(), std::ptr::null_mut())) }
+}
+
+/// Just allocated: for objects whose `__dict__` is then set whole
+/// (pydantic models, as `model_construct` does).
+fn allocated<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
+    new_instance(cls, ffi::PyType_GenericNew)
+}
+
+/// `object.__new__(cls)`, through `object`'s own `tp_new`: unlike a bare
+/// allocation it also sets up the instance's compact attribute storage, so
+/// the fields set next need no dict of their own (by callgrind, a Datum's
+/// attribute stores took a third of its instructions without it).
+fn object_new<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: reading a slot of the static `object` type.
+    let slot = unsafe { ffi::PyType_GetSlot(&raw mut ffi::PyBaseObject_Type, ffi::Py_tp_new) };
+    if slot.is_null() {
+        return Err(PyErr::fetch(cls.py()));
+    }
+    // SAFETY: the `tp_new` slot of `object` holds a `newfunc`.
+    new_instance(cls, unsafe {
+        std::mem::transmute::<*mut std::ffi::c_void, NewFunc>(slot)
+    })
+}
+
+/// A dataclass instance with its fields set, in order, as its `__init__`
+/// sets them: through `object.__setattr__` (frozen classes refuse their
+/// own), so Python keeps them in the instance's compact attribute storage.
+fn dataclass<'py, const N: usize>(
+    cls: &Bound<'py, PyType>,
+    fields: [(&Bound<'py, PyString>, &Bound<'py, PyAny>); N],
+) -> PyResult<Bound<'py, PyAny>> {
+    let obj = object_new(cls)?;
+    for (name, value) in fields {
+        generic_set(&obj, name, value)?;
+    }
+    Ok(obj)
+}
+
+/// `object.__setattr__(obj, name, value)`.
+fn generic_set(obj: &Bound<'_, PyAny>, name: &Bound<'_, PyString>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+    // SAFETY: three live objects; the call borrows them and returns -1 with
+    // an exception set on failure.
+    let rc = unsafe { ffi::PyObject_GenericSetAttr(obj.as_ptr(), name.as_ptr(), value.as_ptr()) };
+    if rc < 0 {
+        Err(PyErr::fetch(obj.py()))
+    } else {
+        Ok(())
+    }
+}
+
+/// A pydantic model as `model_construct` leaves it: fields, the set
+/// fields, no extra, no private state.
+fn pydantic_model<'py>(
+    cls: &Bound<'py, PyType>,
+    fields: &Bound<'py, PyDict>,
+    set_field: &Bound<'py, PyString>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = cls.py();
+    let obj = allocated(cls)?;
+    generic_set(&obj, intern!(py, "__dict__"), fields.as_any())?;
+    let fields_set = PySet::new(py, [set_field])?;
+    untrack_set(&fields_set);
+    generic_set(&obj, intern!(py, "__pydantic_fields_set__"), fields_set.as_any())?;
+    generic_set(&obj, intern!(py, "__pydantic_extra__"), &py.None().into_bound(py))?;
+    generic_set(&obj, intern!(py, "__pydantic_private__"), &py.None().into_bound(py))?;
+    Ok(obj)
+}
+
+/// Takes a list holding only atoms (ints, strs) off the cyclic GC's books,
+/// as CPython does itself for such tuples and dicts: it can be in no cycle,
+/// and every collection would otherwise walk it item by item (with a large
+/// heap, that cost more than building it).
+pub fn untrack_list(list: &Bound<'_, PyList>) {
+    // SAFETY: a list is a GC object; untracking one is always allowed.
+    unsafe { ffi::PyObject_GC_UnTrack(list.as_ptr().cast()) };
+}
+
+fn untrack_set(set: &Bound<'_, PySet>) {
+    // SAFETY: a set is a GC object; untracking one is always allowed.
+    unsafe { ffi::PyObject_GC_UnTrack(set.as_ptr().cast()) };
+}
+
+fn tensor<'py>(cls: &Bound<'py, PyType>, input: &LossInput<'py>, n: usize) -> PyResult<Bound<'py, PyAny>> {
+    let py = cls.py();
+    let none = py.None().into_bound(py);
+    let shape = PyList::new(py, [n])?;
+    untrack_list(&shape);
+    dataclass(
+        cls,
+        [
+            (intern!(py, "dtype"), PyString::intern(py, input.dtype).as_any()),
+            (intern!(py, "shape"), shape.as_any()),
+            (intern!(py, "sparse_crow_indices"), &none),
+            (intern!(py, "sparse_col_indices"), &none),
+            (intern!(py, "_numpy"), &input.array),
+        ],
+    )
+}
+
+/// The Datum of a row, built directly.
+pub fn datum<'py>(classes: &DatumClasses<'py>, row: FilledRow<'py>) -> PyResult<Bound<'py, PyAny>> {
+    let py = classes.datum.py();
+    let chunks = match row.model_input {
+        ModelInputOut::Tokens(tokens) => {
+            if let Ok(list) = tokens.cast::<PyList>() {
+                untrack_list(list);
+            }
+            let chunk_fields = PyDict::new(py);
+            chunk_fields.set_item(intern!(py, "tokens"), tokens)?;
+            chunk_fields.set_item(intern!(py, "type"), intern!(py, "encoded_text"))?;
+            let chunk = pydantic_model(&classes.chunk, &chunk_fields, intern!(py, "tokens"))?;
+            PyList::new(py, [chunk])?
+        }
+    };
+    let input_fields = PyDict::new(py);
+    input_fields.set_item(intern!(py, "chunks"), chunks)?;
+    let model_input = pydantic_model(&classes.model_input, &input_fields, intern!(py, "chunks"))?;
+    let loss_fn_inputs = PyDict::new(py);
+    for input in &row.loss_inputs {
+        loss_fn_inputs.set_item(
+            PyString::intern(py, input.key),
+            tensor(&classes.tensor_data, input, row.n)?,
+        )?;
+    }
+    let none = py.None().into_bound(py);
+    dataclass(
+        &classes.datum,
+        [
+            (intern!(py, "model_input"), &model_input),
+            (intern!(py, "loss_fn_inputs"), loss_fn_inputs.as_any()),
+            (intern!(py, "model_input_spans"), &none),
+            (intern!(py, "loss_fn_input_spans"), &none),
+        ],
+    )
+}
+
+/// Where a row came from, as the evsys API's `DatumMetadata`.
+pub struct RowMeta {
+    pub group: usize,
+    pub trajectory: usize,
+    pub first_turn: usize,
+    pub n_turns: usize,
+}
+
+/// A `DatumMetadata` (a dataclass) with its own copy of the group's tags.
+pub fn metadata<'py>(
+    cls: &Bound<'py, PyType>,
+    meta: &RowMeta,
+    tags: &Bound<'py, PyList>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = cls.py();
+    let tags = tags.get_slice(0, tags.len());
+    dataclass(
+        cls,
+        [
+            (intern!(py, "group_idx"), &meta.group.into_pyobject(py)?.into_any()),
+            (intern!(py, "traj_idx"), &meta.trajectory.into_pyobject(py)?.into_any()),
+            (intern!(py, "turn_idx"), &meta.first_turn.into_pyobject(py)?.into_any()),
+            (intern!(py, "tags"), tags.as_any()),
+            (intern!(py, "n_turns"), &meta.n_turns.into_pyobject(py)?.into_any()),
+        ],
+    )
+}
+
+/// Python's cyclic GC held off while many acyclic objects are made: every
+/// container allocated counts toward a collection, and with a large live
+/// heap the collections they set off multiplied the cost per Datum by up to
+/// 5. Nothing made here can form a cycle, so nothing is lost. Restores
+/// exactly the state it found: no Python code runs while it is held (the
+/// GIL is kept and no user object is touched), so no one else can change it.
+pub struct GcPaused {
+    was_enabled: bool,
+}
+
+impl GcPaused {
+    pub fn new(_py: Python<'_>) -> Self {
+        // SAFETY: attached to the interpreter (`_py`); the call only flips
+        // the collector's flag and returns its previous value.
+        let was_enabled = unsafe { ffi::PyGC_Disable() } == 1;
+        GcPaused { was_enabled }
+    }
+}
+
+impl Drop for GcPaused {
+    fn drop(&mut self) {
+        if self.was_enabled {
+            // SAFETY: dropped where it was made, with the thread attached.
+            unsafe { ffi::PyGC_Enable() };
+        }
+    }
+}

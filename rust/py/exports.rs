@@ -1,0 +1,197 @@
+//! The functions the native module exports (each `py_<op>` as `<op>`):
+//! thin wrappers that convert arguments and results around `assemble` and
+//! the plain numeric modules, under a panic guard.
+
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyType};
+
+use crate::advantages::{extend_group_advantages, is_constant, reward_stats, AdvantageRule, Baseline};
+use crate::py::assemble::{self, ModelInputKind, Options};
+use crate::py::build::DatumClasses;
+use crate::py::errors::guarded;
+use crate::py::evsys::{read_rewards, FitReport};
+
+/// How the logprobs of turns were fitted to their completions: counts, and
+/// the first such turn as `(group, trajectory, turn)`.
+#[pyclass(frozen, get_all, module = "tinker_rl_data._core")]
+pub struct Fitted {
+    padded: usize,
+    truncated: usize,
+    first: Option<(usize, usize, usize)>,
+}
+
+impl From<FitReport> for Fitted {
+    fn from(f: FitReport) -> Self {
+        Fitted {
+            padded: f.padded,
+            truncated: f.truncated,
+            first: f
+                .first
+                .map(|at| (at.group.unwrap_or(0), at.trajectory.unwrap_or(0), at.turn.unwrap_or(0))),
+        }
+    }
+}
+
+/// The result of `assemble_datums`.
+#[pyclass(frozen, get_all, module = "tinker_rl_data._core")]
+pub struct BuiltDatums {
+    datums: Py<PyList>,
+    metadata: Py<PyList>,
+    fitted: Py<Fitted>,
+}
+
+/// The result of `assemble_arrays`: flat columns, row `i` is
+/// `row_offsets[i]..row_offsets[i + 1]`.
+#[pyclass(frozen, get_all, module = "tinker_rl_data._core")]
+pub struct Rows {
+    input_tokens: Py<PyArray1<i64>>,
+    target_tokens: Py<PyArray1<i64>>,
+    logprobs: Py<PyArray1<f32>>,
+    advantages: Py<PyArray1<f32>>,
+    row_offsets: Py<PyArray1<i64>>,
+    group_idx: Py<PyArray1<i64>>,
+    traj_idx: Py<PyArray1<i64>>,
+    turn_idx: Py<PyArray1<i64>>,
+    n_turns: Py<PyArray1<i64>>,
+    fitted: Py<Fitted>,
+}
+
+/// Advantages per group; the arguments are checked by the Python layer.
+#[pyfunction(name = "compute_advantages")]
+pub fn py_compute_advantages(
+    groups: &Bound<'_, PyAny>,
+    normalize: bool,
+    leave_one_out: bool,
+    scale_by_std: bool,
+    eps: f64,
+) -> PyResult<Vec<Vec<f64>>> {
+    guarded(|| {
+        let rule = AdvantageRule {
+            normalize,
+            baseline: if leave_one_out {
+                Baseline::LeaveOneOut
+            } else {
+                Baseline::Mean
+            },
+            scale_by_std,
+            eps,
+        };
+        let (sizes, rewards) = read_rewards(groups)?;
+        let mut rest = &rewards[..];
+        let mut out = Vec::with_capacity(sizes.len());
+        for size in sizes {
+            let (group, tail) = rest.split_at(size);
+            let mut advantages = Vec::with_capacity(size);
+            extend_group_advantages(group, rule, &mut advantages);
+            out.push(advantages);
+            rest = tail;
+        }
+        Ok(out)
+    })
+}
+
+/// `(mean, population std, n_trajectories, n_groups)`, or `None` without
+/// trajectories.
+#[pyfunction(name = "reward_metrics")]
+pub fn py_reward_metrics(groups: &Bound<'_, PyAny>) -> PyResult<Option<(f64, f64, usize, usize)>> {
+    guarded(|| {
+        let (sizes, rewards) = read_rewards(groups)?;
+        Ok(reward_stats(&rewards).map(|s| (s.mean, s.std, rewards.len(), sizes.len())))
+    })
+}
+
+/// The indices of the groups whose rewards are not all equal.
+#[pyfunction(name = "varied_reward_groups")]
+pub fn py_varied_reward_groups(groups: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+    guarded(|| {
+        let (sizes, rewards) = read_rewards(groups)?;
+        let mut rest = &rewards[..];
+        let mut kept = Vec::new();
+        for (g, size) in sizes.into_iter().enumerate() {
+            let (group, tail) = rest.split_at(size);
+            if !is_constant(group) {
+                kept.push(g);
+            }
+            rest = tail;
+        }
+        Ok(kept)
+    })
+}
+
+#[pyfunction(name = "assemble_arrays")]
+pub fn py_assemble_arrays(
+    groups: &Bound<'_, PyAny>,
+    advantages: &Bound<'_, PyAny>,
+    merge_turns: bool,
+    vocab_size: Option<i64>,
+) -> PyResult<Rows> {
+    guarded(|| {
+        let py = groups.py();
+        let options = Options::new(merge_turns, vocab_size, ModelInputKind::List);
+        let rows = assemble::evsys_arrays(groups, advantages, options)?;
+        Ok(Rows {
+            input_tokens: rows.input_tokens.unbind(),
+            target_tokens: rows.targets.unbind(),
+            logprobs: rows.logprobs.unbind(),
+            advantages: rows.advantages.unbind(),
+            row_offsets: rows.offsets.unbind(),
+            group_idx: rows.group_idx.unbind(),
+            traj_idx: rows.traj_idx.unbind(),
+            turn_idx: rows.turn_idx.unbind(),
+            n_turns: rows.n_turns.unbind(),
+            fitted: Py::new(py, Fitted::from(rows.fit))?,
+        })
+    })
+}
+
+/// `(Datum, ModelInput, EncodedTextChunk, TensorData, DatumMetadata)`.
+type ClassTuple<'py> = (
+    Bound<'py, PyType>,
+    Bound<'py, PyType>,
+    Bound<'py, PyType>,
+    Bound<'py, PyType>,
+    Bound<'py, PyType>,
+);
+
+/// Datums and metadata built straight into the classes given, filling the
+/// fields their constructors would.
+#[pyfunction(name = "assemble_datums")]
+pub fn py_assemble_datums<'py>(
+    groups: &Bound<'py, PyAny>,
+    advantages: &Bound<'py, PyAny>,
+    classes: ClassTuple<'py>,
+    merge_turns: bool,
+    vocab_size: Option<i64>,
+    numpy_tokens: bool,
+) -> PyResult<BuiltDatums> {
+    guarded(|| {
+        let py = groups.py();
+        let (datum, model_input, chunk, tensor_data, metadata) = classes;
+        let classes = DatumClasses {
+            datum,
+            model_input,
+            chunk,
+            tensor_data,
+            metadata,
+        };
+        let kind = if numpy_tokens {
+            ModelInputKind::Int32
+        } else {
+            ModelInputKind::List
+        };
+        let options = Options::new(merge_turns, vocab_size, kind);
+        let (datums, metadata, fit) = assemble::evsys_datums(groups, advantages, &classes, options)?;
+        Ok(BuiltDatums {
+            datums: datums.unbind(),
+            metadata: metadata.unbind(),
+            fitted: Py::new(py, Fitted::from(fit))?,
+        })
+    })
+}
+
+/// Panics on purpose, so a test can show a panic surfaces as an exception.
+#[pyfunction(name = "_panic_probe")]
+pub fn py_panic_probe() -> PyResult<()> {
+    guarded(|| panic!("panic probe"))
+}

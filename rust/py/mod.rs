@@ -1,0 +1,12 @@
+//! The PyO3 glue: reading the user's objects (`read`, and one reader per
+//! input shape: `evsys`, `cookbook`), turning planned rows into tinker's
+//! objects (`build`), the pipeline that joins them (`assemble`), and the
+//! exported functions (`exports`). The numeric work lives outside, in plain
+//! Rust (`plan`, `rows`, `advantages`).
+
+pub mod assemble;
+pub mod build;
+pub mod errors;
+pub mod evsys;
+pub mod exports;
+pub mod read;

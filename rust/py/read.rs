@@ -1,0 +1,406 @@
+//! Reading the user's Python objects: attributes, sequences and their
+//! scalars, with located errors.
+//!
+//! Any of them may run user code while it is read (`__index__`,
+//! `__float__`, `__iter__`, a property), and that code may change or free
+//! whatever it can reach. So containers are held by strong references for
+//! as long as they are read; an item is borrowed only across the few C
+//! calls that read an exact `int` or `float` (which run no Python code) and
+//! is held strongly before anything that can; every value is read once.
+
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyAttributeError, PyOverflowError, PyRuntimeError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::{ffi, intern, Borrowed};
+
+use crate::error::{ErrorKind, InputError, Location};
+
+pub const MAX_TOKEN: i64 = i32::MAX as i64;
+
+/// `obj.name`; a missing attribute is a located `TypeError` naming it.
+pub fn attr<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>, at: Location) -> PyResult<Bound<'py, PyAny>> {
+    obj.getattr(name).map_err(|e| {
+        if e.is_instance_of::<PyAttributeError>(obj.py()) {
+            let message = format!(
+                "{} object has no attribute '{}'",
+                type_name(obj),
+                name.to_string_lossy()
+            );
+            InputError::new(ErrorKind::Type, at, message).into()
+        } else {
+            e
+        }
+    })
+}
+
+/// What the items of a sequence must be, to vet a numpy array's dtype
+/// before reading it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ItemKind {
+    Token,
+    Real,
+    Object,
+    /// Per-group rows: also a 2-D numpy array, read row by row.
+    Rows,
+}
+
+/// A sequence's items, from a list or tuple held alive here. Its length is
+/// taken once: should user code grow a list while it is read, the rows laid
+/// out for the old length stay right; reading a list that shrank meanwhile
+/// is a located `RuntimeError`.
+pub struct Items<'py> {
+    seq: Seq<'py>,
+    len: usize,
+    what: &'static str,
+    at: Location,
+}
+
+enum Seq<'py> {
+    List(Bound<'py, PyList>),
+    Tuple(Bound<'py, PyTuple>),
+}
+
+impl<'py> Items<'py> {
+    /// Reads `obj` (the field `what` at `at`) as a sequence of `kind` items.
+    pub fn of(obj: &Bound<'py, PyAny>, what: &'static str, kind: ItemKind, at: Location) -> PyResult<Self> {
+        let list = |list: Bound<'py, PyList>| Items {
+            len: list.len(),
+            seq: Seq::List(list),
+            what,
+            at,
+        };
+        if let Ok(l) = obj.cast::<PyList>() {
+            return Ok(list(l.clone()));
+        }
+        if let Ok(tuple) = obj.cast::<PyTuple>() {
+            return Ok(Items {
+                len: tuple.len(),
+                seq: Seq::Tuple(tuple.clone()),
+                what,
+                at,
+            });
+        }
+        let py = obj.py();
+        if let Ok(array) = obj.cast::<PyUntypedArray>() {
+            check_array(array, what, kind, at)?;
+            // tolist() gives exact Python ints and floats (a 2-D array, a
+            // list of rows): the list path.
+            return Ok(list(obj.call_method0(intern!(py, "tolist"))?.cast_into::<PyList>()?));
+        }
+        if obj.is_instance_of::<PyString>() {
+            return Err(not_a_sequence(obj, what, at));
+        }
+        match obj.try_iter() {
+            Ok(iter) => Ok(list(PyList::new(py, iter.collect::<PyResult<Vec<_>>>()?)?)),
+            Err(e) if e.is_instance_of::<PyTypeError>(py) => Err(not_a_sequence(obj, what, at)),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn py(&self) -> Python<'py> {
+        match &self.seq {
+            Seq::List(l) => l.py(),
+            Seq::Tuple(t) => t.py(),
+        }
+    }
+
+    /// Item `i`, held strongly.
+    pub fn get(&self, i: usize) -> PyResult<Bound<'py, PyAny>> {
+        match &self.seq {
+            Seq::List(l) => l.get_item(i).map_err(|_| self.shrank()),
+            Seq::Tuple(t) => t.get_item(i),
+        }
+    }
+
+    #[cold]
+    fn shrank(&self) -> PyErr {
+        let message = format!(
+            "{} changed size while being read (it had {} items)",
+            self.what, self.len
+        );
+        PyRuntimeError::new_err(InputError::new(ErrorKind::Value, self.at, message).to_string())
+    }
+
+    /// Item `i`, borrowed: no reference count traffic on the hot path.
+    ///
+    /// # Safety
+    /// The caller must run no Python code while the result is alive: code
+    /// that mutates the list could free the item.
+    #[inline]
+    unsafe fn peek(&self, i: usize) -> PyResult<Borrowed<'_, 'py, PyAny>> {
+        match &self.seq {
+            Seq::List(l) => {
+                let index = ffi::Py_ssize_t::try_from(i)?;
+                // SAFETY: `l` is a live list held by `self`; PyList_GetItem
+                // checks the index and returns a borrowed reference (or NULL
+                // with an IndexError set); the caller keeps the list unchanged
+                // while the reference is used.
+                unsafe { Borrowed::from_ptr_or_err(l.py(), ffi::PyList_GetItem(l.as_ptr(), index)) }
+                    .map_err(|_| self.shrank())
+            }
+            Seq::Tuple(t) => t.get_borrowed_item(i),
+        }
+    }
+
+    /// The container itself (a list or tuple), for sharing its items.
+    pub fn container(&self) -> &Bound<'py, PyAny> {
+        match &self.seq {
+            Seq::List(l) => l.as_any(),
+            Seq::Tuple(t) => t.as_any(),
+        }
+    }
+}
+
+fn check_array(array: &Bound<'_, PyUntypedArray>, what: &'static str, kind: ItemKind, at: Location) -> PyResult<()> {
+    let dims_ok = array.ndim() == 1 || (kind == ItemKind::Rows && array.ndim() == 2);
+    if !dims_ok {
+        let expected = if kind == ItemKind::Rows { "1-D or 2-D" } else { "1-D" };
+        let message = format!("{what} must be {expected}, got an array of shape {:?}", array.shape());
+        return Err(InputError::new(ErrorKind::Value, at, message).into());
+    }
+    let (accepted, expected): (&[u8], &str) = match kind {
+        ItemKind::Token => (b"iubO", "an integer"),
+        ItemKind::Real => (b"iubfO", "a real"),
+        ItemKind::Rows if array.ndim() == 2 => (b"iubfO", "a real"),
+        ItemKind::Object | ItemKind::Rows => (b"O", "an object"),
+    };
+    if !accepted.contains(&array.dtype().kind()) {
+        let dtype = array.dtype().str()?.to_string();
+        let message = format!("{what} has dtype {dtype}, not {expected} dtype");
+        return Err(InputError::new(ErrorKind::Type, at, message).into());
+    }
+    Ok(())
+}
+
+#[cold]
+fn not_a_sequence(obj: &Bound<'_, PyAny>, what: &'static str, at: Location) -> PyErr {
+    let message = format!("{what} must be a sequence, got {}", type_name(obj));
+    InputError::new(ErrorKind::Type, at, message).into()
+}
+
+/// Names an item of a field in messages: `prompt_tokens[5]`.
+#[derive(Clone, Copy)]
+pub struct Item<'a> {
+    pub field: &'a str,
+    pub index: usize,
+}
+
+impl std::fmt::Display for Item<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, " ({}[{}])", self.field, self.index)
+    }
+}
+
+/// Token `i` of `items`: an integer in `0..limit` (`limit` is the
+/// vocabulary size when given, else `MAX_TOKEN + 1`). Also says whether it
+/// was an exact `int`, whose reading ran no Python code.
+#[inline]
+pub fn token_at(items: &Items<'_>, i: usize, field: &str, limit: i64, at: Location) -> PyResult<(i64, bool)> {
+    // SAFETY: nothing below runs Python code while `item` is borrowed: the
+    // exact-int check and read are plain C; anything else is taken strongly
+    // (`to_owned`) first.
+    let item = unsafe { items.peek(i)? };
+    let at_item = Item { field, index: i };
+    if item.is_exact_instance_of::<PyInt>() {
+        let value = item.extract::<i64>().map_or(Integer::TooLarge, Integer::Value);
+        return match value {
+            Integer::Value(v) if (0..limit).contains(&v) => Ok((v, true)),
+            _ => Err(bad_token(&item.to_owned(), value, at_item, limit, at)),
+        };
+    }
+    let item = item.to_owned();
+    match index_value(&item)? {
+        Integer::Value(v) if (0..limit).contains(&v) => Ok((v, false)),
+        value => Err(bad_token(&item, value, at_item, limit, at)),
+    }
+}
+
+/// What `operator.index` made of a token.
+#[derive(Clone, Copy)]
+enum Integer {
+    Value(i64),
+    TooLarge,
+    Not,
+}
+
+/// `operator.index(item)`.
+#[cold]
+fn index_value(item: &Bound<'_, PyAny>) -> PyResult<Integer> {
+    let py = item.py();
+    // SAFETY: `item` is a strong reference, alive across the call.
+    if unsafe { ffi::PyIndex_Check(item.as_ptr()) } == 0 {
+        return Ok(Integer::Not);
+    }
+    // SAFETY: as above; PyNumber_Index returns a new reference or NULL with
+    // an exception set, which from_owned_ptr_or_err takes over.
+    match unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyNumber_Index(item.as_ptr())) } {
+        Ok(index) => Ok(index.extract::<i64>().map_or(Integer::TooLarge, Integer::Value)),
+        // An `__index__` that returns no int: not an integer.
+        Err(e) if e.is_instance_of::<PyTypeError>(py) => Ok(Integer::Not),
+        Err(e) => Err(e),
+    }
+}
+
+#[cold]
+fn bad_token(item: &Bound<'_, PyAny>, value: Integer, at_item: Item<'_>, limit: i64, at: Location) -> PyErr {
+    let (kind, message) = match value {
+        Integer::Not => (
+            ErrorKind::Type,
+            format!(
+                "token {} of type {} is not an integer{at_item}",
+                describe(item),
+                type_name(item)
+            ),
+        ),
+        Integer::Value(v) if (0..=MAX_TOKEN).contains(&v) => (
+            ErrorKind::Value,
+            format!("token {v} is outside the vocabulary (vocab_size={limit}){at_item}"),
+        ),
+        Integer::Value(v) => (
+            ErrorKind::Value,
+            format!("token {v} is outside 0..{MAX_TOKEN}{at_item}"),
+        ),
+        Integer::TooLarge => (
+            ErrorKind::Value,
+            format!("token {} is outside 0..{MAX_TOKEN}{at_item}", describe(item)),
+        ),
+    };
+    InputError::new(kind, at, message).into()
+}
+
+/// Logprob `k` of `items`: a real number, finite as float32. Also says
+/// whether it was an exact `float` (read without running Python code).
+#[inline]
+pub fn logprob_at(items: &Items<'_>, k: usize, at: Location) -> PyResult<(f32, bool)> {
+    // SAFETY: as in `token_at`: only the exact-float read happens while
+    // `item` is borrowed.
+    let item = unsafe { items.peek(k)? };
+    if let Ok(float) = item.cast_exact::<PyFloat>() {
+        #[allow(clippy::cast_possible_truncation)] // float32 is the wire dtype; overflow is checked
+        let v = float.value() as f32;
+        if v.is_finite() {
+            return Ok((v, true));
+        }
+    }
+    let item = item.to_owned();
+    let at_item = Item {
+        field: "logprobs",
+        index: k,
+    };
+    #[allow(clippy::cast_possible_truncation)]
+    let v = real_value(&item, "logprob", true, Some(at_item), at)? as f32;
+    Ok((v, false))
+}
+
+/// A finite real number (also finite once rounded to float32, the wire
+/// dtype of advantages, when `float32` is set).
+pub fn read_real(item: &Bound<'_, PyAny>, what: &str, float32: bool, at: Location) -> PyResult<f64> {
+    real_value(item, what, float32, None, at)
+}
+
+fn real_value(
+    item: &Bound<'_, PyAny>,
+    what: &str,
+    float32: bool,
+    at_item: Option<Item<'_>>,
+    at: Location,
+) -> PyResult<f64> {
+    let suffix = at_item.map(|i| i.to_string()).unwrap_or_default();
+    let v = match item.extract::<f64>() {
+        Ok(v) => v,
+        Err(e) => return Err(not_real(item, e, what, &suffix, at)),
+    };
+    #[allow(clippy::cast_possible_truncation)]
+    let fits = if float32 { (v as f32).is_finite() } else { v.is_finite() };
+    if !fits {
+        let message = if v.is_finite() {
+            format!("{what} {v:e} overflows float32{suffix}")
+        } else {
+            format!("{what} {} is not finite{suffix}", py_float_repr(v))
+        };
+        return Err(InputError::new(ErrorKind::Value, at, message).into());
+    }
+    Ok(v)
+}
+
+#[cold]
+fn not_real(item: &Bound<'_, PyAny>, err: PyErr, what: &str, suffix: &str, at: Location) -> PyErr {
+    // A TypeError means "not a real number", an OverflowError a number too
+    // large for a float; anything else the object raised goes up as it is.
+    let py = item.py();
+    let (kind, message) = if err.is_instance_of::<PyTypeError>(py) {
+        let message = format!(
+            "{what} {} of type {} is not a real number{suffix}",
+            describe(item),
+            type_name(item)
+        );
+        (ErrorKind::Type, message)
+    } else if err.is_instance_of::<PyOverflowError>(py) {
+        (
+            ErrorKind::Value,
+            format!("{what} {} is too large for a float{suffix}", describe(item)),
+        )
+    } else {
+        return err;
+    };
+    InputError::new(kind, at, message).into()
+}
+
+fn py_float_repr(v: f64) -> String {
+    match v {
+        v if v.is_nan() => "nan".into(),
+        f64::INFINITY => "inf".into(),
+        f64::NEG_INFINITY => "-inf".into(),
+        v => v.to_string(),
+    }
+}
+
+/// A group's `tags`: missing or `None` give an empty list; otherwise an
+/// iterable of `str` (not a `str` itself), copied into a new list.
+pub fn read_tags<'py>(group: &Bound<'py, PyAny>, at: Location) -> PyResult<Bound<'py, PyList>> {
+    let py = group.py();
+    let tags = match group.getattr_opt(intern!(py, "tags"))? {
+        Some(tags) if !tags.is_none() => tags,
+        _ => return Ok(PyList::empty(py)),
+    };
+    let bad = |what: String| -> PyErr { InputError::new(ErrorKind::Type, at, what).into() };
+    if tags.is_instance_of::<PyString>() {
+        return Err(bad(format!(
+            "tags must be a sequence of str, got the str {}",
+            describe(&tags)
+        )));
+    }
+    let items = Items::of(&tags, "tags", ItemKind::Object, at)?;
+    let out = PyList::empty(py);
+    for i in 0..items.len() {
+        let tag = items.get(i)?;
+        if !tag.is_instance_of::<PyString>() {
+            return Err(bad(format!(
+                "tags[{i}] {} of type {} is not a str",
+                describe(&tag),
+                type_name(&tag)
+            )));
+        }
+        out.append(tag)?;
+    }
+    Ok(out)
+}
+
+pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type().name().map_or_else(|_| "?".into(), |n| n.to_string())
+}
+
+/// `repr(obj)`, shortened: error messages name the bad value, not a page of it.
+pub fn describe(obj: &Bound<'_, PyAny>) -> String {
+    let text = obj.repr().map_or_else(|_| "<unprintable>".into(), |r| r.to_string());
+    if text.chars().count() > 60 {
+        format!("{}...", text.chars().take(57).collect::<String>())
+    } else {
+        text
+    }
+}
