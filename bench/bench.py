@@ -46,7 +46,7 @@ try:  # an internal name: the module may be renamed (issue 10)
     from tinker_rl_data.datums import DIRECT_PATH  # noqa: E402
 except ImportError:
     try:
-        from tinker_rl_data._datums import DIRECT_PATH  # noqa: E402
+        from tinker_rl_data._build import DIRECT as DIRECT_PATH  # noqa: E402
     except ImportError:
         DIRECT_PATH = "unknown"
 
