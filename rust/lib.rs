@@ -27,6 +27,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(exports::py_varied_reward_groups, m)?)?;
     m.add_function(wrap_pyfunction!(exports::py_assemble_arrays, m)?)?;
     m.add_function(wrap_pyfunction!(exports::py_assemble_datums, m)?)?;
+    m.add_function(wrap_pyfunction!(exports::py_assemble_cookbook, m)?)?;
     m.add_function(wrap_pyfunction!(exports::py_panic_probe, m)?)?;
     Ok(())
 }

@@ -48,6 +48,8 @@ pub struct Row {
     pub n_turns: usize,
     /// Elements in `S`.
     pub len: usize,
+    /// Whether a completion element is among the targets (`S[1:]`).
+    pub completion_target: bool,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -165,6 +167,7 @@ impl Open {
                 first_turn: self.first_turn,
                 n_turns: self.n_turns,
                 len: self.len,
+                completion_target: self.completion_target,
             });
         } else {
             plan.pieces.truncate(self.first_piece);

@@ -1,5 +1,5 @@
-"""A plain-Python implementation of SPEC.md, written from the contract
-(not from the package), to compare the package against. Slow on purpose:
+"""A plain-Python implementation of the contract (docs/contract.md), written
+from the contract (not from the package), to compare the package against. Slow on purpose:
 one Python step per token, tinker's public constructors for every Datum.
 
 §3-§4 (per-turn rows, bad input), §6 (merged multi-turn rows), §7
@@ -47,20 +47,69 @@ def _attr(obj, name, where):
         raise TypeError(f"{where}: {type(obj).__name__} object has no attribute '{name}'") from None
 
 
+class _Seq:
+    """A sequence as contract §4 reads it: a list (or list subclass) is read
+    later, item by item, up to the length it had when opened (a list that
+    shrank meanwhile is a located RuntimeError); a tuple likewise; anything
+    else is read once, now (a numpy array through tolist(), any other
+    iterable through iter())."""
+
+    def __init__(self, obj, where, what, rows=False):
+        self.where, self.what = where, what
+        at = f"{where}: " if where else ""  # batch-level problems have no location
+        if isinstance(obj, list):
+            self.src, self.n, self.getitem, self.size = obj, list.__len__(obj), list.__getitem__, list.__len__
+            return
+        if isinstance(obj, tuple):
+            self.src, self.n, self.getitem, self.size = obj, tuple.__len__(obj), tuple.__getitem__, tuple.__len__
+            return
+        if isinstance(obj, np.ndarray):
+            if obj.ndim != 1 and not (rows and obj.ndim == 2):
+                raise ValueError(f"{at}{what} must be 1-D")
+            items = obj.tolist()
+        elif isinstance(obj, str):
+            raise TypeError(f"{at}{what} must be a sequence, got str")
+        else:
+            try:
+                iterator = iter(obj)
+            except TypeError:
+                raise TypeError(f"{at}{what} must be a sequence, got {type(obj).__name__}") from None
+            items = [x for x in iterator]
+        self.src, self.n, self.getitem, self.size = items, len(items), list.__getitem__, list.__len__
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i >= self.size(self.src):
+            where = f"{self.where}: " if self.where else ""
+            raise RuntimeError(f"{where}{self.what} changed size while being read (it had {self.n} items)")
+        return self.getitem(self.src, i)
+
+    def __iter__(self):
+        return (self[i] for i in range(self.n))
+
+
 def _seq(obj, where, what):
-    if isinstance(obj, np.ndarray):
-        if obj.ndim != 1:
-            raise ValueError(f"{where}: {what} must be 1-D")
-        return obj.tolist()
-    return list(obj)
+    return _Seq(obj, where, what)
 
 
 def _groups(groups):
-    """API-PLAN: one group passed where a sequence of groups belongs is a
-    TypeError; any other iterable is read once, into a list."""
+    """One group passed where a sequence of groups belongs is a TypeError; a
+    list or tuple is read as it is, any other iterable once, into a list."""
+    if isinstance(groups, (list, tuple)):
+        return groups
     if hasattr(groups, "trajectories"):
         raise TypeError(f"trajectory_groups must be a sequence of groups, got a single {type(groups).__name__}")
-    return list(groups)
+    try:
+        iterator = iter(groups)
+    except TypeError:
+        return groups
+    return list(iterator)
+
+
+def _batch(groups, what="trajectory_groups"):
+    return _Seq(groups, "", what)
 
 
 def _real(x, where, what, float32):
@@ -88,9 +137,12 @@ def _finite_as_float32(v):
 
 
 def _token(x, where, vocab_size=None, name=None, index=None):
-    if isinstance(x, float) or not isinstance(x, (int, np.integer)):
-        raise TypeError(f"{where}: token {x!r} is not an integer")
-    v = int(x)
+    """Read with operator.index, once; a TypeError from it means "not an
+    integer", anything else it raises goes up as it is."""
+    try:
+        v = operator.index(x)
+    except TypeError:
+        raise TypeError(f"{where}: token {type(x).__name__} is not an integer") from None
     if not 0 <= v <= MAX_TOKEN:
         raise ValueError(f"{where}: token {v} is outside 0..{MAX_TOKEN}")
     if vocab_size is not None and v >= vocab_size:
@@ -106,10 +158,7 @@ def _tags(group, g):
         return []
     if isinstance(tags, str):
         raise TypeError(f"group {g}: tags must be an iterable of str, not a str ({tags!r})")
-    try:
-        items = list(tags)
-    except TypeError:
-        raise TypeError(f"group {g}: tags {tags!r} is not an iterable of str") from None
+    items = list(_Seq(tags, f"group {g}", "tags"))
     for i, item in enumerate(items):
         if not isinstance(item, str):
             raise TypeError(f"group {g}: tags[{i}] {item!r} is not a str")
@@ -118,7 +167,7 @@ def _tags(group, g):
 
 def rewards_of(groups):
     out = []
-    for g, group in enumerate(_groups(groups)):
+    for g, group in enumerate(_batch(_groups(groups))):
         rs = []
         for t, traj in enumerate(_seq(_attr(group, "trajectories", _where(g)), _where(g), "trajectories")):
             rs.append(_real(_attr(traj, "reward", _where(g, t)), _where(g, t), "reward", False))
@@ -180,7 +229,7 @@ def compute_advantages(groups, *, normalize=True, baseline="mean", scale_by_std=
 def remove_constant_reward_groups(groups):
     """SPEC §8: the groups (same objects, in order) whose rewards are not all
     equal; a group of 0 or 1 trajectories is constant."""
-    groups = _groups(groups)
+    groups = list(_groups(groups))
     per_group = rewards_of(groups)
     kept = [group for group, rs in zip(groups, per_group) if any(r != rs[0] for r in rs)]
     if not kept:
@@ -283,11 +332,9 @@ def merged_rows(turns, advantage):
 
 
 def _advantage_rows(advantages):
-    """API-PLAN: a sequence (per group) of sequences or 1-D arrays, or a 2-D
-    numpy array whose row g is group g."""
-    if isinstance(advantages, np.ndarray) and advantages.ndim == 2:
-        return [advantages[g] for g in range(advantages.shape[0])]
-    return list(advantages)
+    """A sequence (per group) of sequences or 1-D arrays, or a 2-D numpy
+    array whose row g is group g."""
+    return _Seq(advantages, "", "advantages", rows=True)
 
 
 def _datum(inputs, targets, lps, advs):
@@ -305,7 +352,7 @@ def assemble_training_data(groups, advantages, *, merge_turns=False, vocab_size=
     """Checks the batch in two sweeps, as SPEC's contract has it: first its
     structure, rewards, advantages and tags, then every token and logprob;
     each sweep reports the first problem in batch order."""
-    groups = _groups(groups)
+    groups = _batch(_groups(groups))
     advantages = _advantage_rows(advantages)
     if vocab_size is not None:
         vocab_size = operator.index(vocab_size)
@@ -317,6 +364,7 @@ def assemble_training_data(groups, advantages, *, merge_turns=False, vocab_size=
         advs = _seq(advantages[g], _where(g), "advantages")
         if len(advs) != len(trajs):
             raise ValueError(f"{_where(g)}: advantages has {len(advs)} entries for {len(trajs)} trajectories")
+        tags = _tags(group, g)
         group_planned = []
         for t, traj in enumerate(trajs):
             _real(_attr(traj, "reward", _where(g, t)), _where(g, t), "reward", False)
@@ -325,7 +373,6 @@ def assemble_training_data(groups, advantages, *, merge_turns=False, vocab_size=
                 w = _where(g, t, u)
                 fields = [_seq(_attr(turn, name, w), w, name) for name in ("prompt_tokens", "completion_tokens", "logprobs")]
                 group_planned.append((g, t, u, *fields, a))
-        tags = _tags(group, g)
         planned.extend((*p, tags) for p in group_planned)
     checked = []  # the same, tokens and logprobs checked
     for g, t, u, p, c, lp, a, tags in planned:

@@ -272,5 +272,6 @@ def test_a_list_changed_while_read_gives_a_clean_result_or_error():
     prompt = [1, 2]
     prompt.append(Shrinking(prompt))
     prompt.append(7)
-    with pytest.raises(IndexError):
+    # A list that shrank while being read is a located RuntimeError (contract §4).
+    with pytest.raises(RuntimeError, match=f"^{TURN}: prompt_tokens changed size while being read"):
         trd.assemble_training_data(batch(Turn(prompt, [4, 5], [-0.5, -0.25])), ADVANTAGES)

@@ -15,6 +15,7 @@ __all__ = [
     "varied_reward_groups",
     "assemble_arrays",
     "assemble_datums",
+    "assemble_cookbook",
     "_panic_probe",
 ]
 
@@ -75,4 +76,11 @@ def assemble_datums(
     vocab_size: int | None,
     numpy_tokens: bool,
 ) -> BuiltDatums: ...
+def assemble_cookbook(
+    groups: Any, advantages: Any, include_provenance: bool, classes: tuple[type, type, type, type, type]
+) -> tuple[
+    list[Any],
+    list[tuple[int, int]],
+    list[tuple[list[tuple[Any, int, int, bool]], list[tuple[Any, int, int, bool]]] | None],
+]: ...
 def _panic_probe() -> None: ...

@@ -86,7 +86,7 @@ def remove_constant_reward_groups(trajectory_groups: Iterable[Group]) -> list[Gr
     one warning on the ``tinker_rl_data`` logger."""
     groups = list(_groups(trajectory_groups))
     kept = [groups[g] for g in _core.varied_reward_groups(groups)]
-    if groups and not kept:
+    if not kept:
         logger.warning("all %d group(s) have constant rewards; none remain (no gradient)", len(groups))
     return kept
 

@@ -4,7 +4,7 @@
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::PyList;
 
 use crate::plan::{plan_rows, Keep, Merge, Piece, Plan, Trajectory};
 use crate::py::build::{self, Column, DatumClasses, FilledRow, GcPaused, LossInput, ModelInputOut, RowMeta};
@@ -178,21 +178,26 @@ fn model_input_list<'py>(
                 (&turn.prompt, span.prompt.start)
             };
             let (a, b) = (piece.elements.start - field_start, piece.elements.end - field_start);
-            let source = items.container();
+            let Some(part) = items.share(a, b) else {
+                return model_input_from_values(py, trajectory, pieces, n);
+            };
             let end = out.len();
-            if a == 0 && source.len()? == b {
-                out.set_slice(end, end, source)?;
-            } else if let Ok(list) = source.cast::<PyList>() {
-                out.set_slice(end, end, list.get_slice(a, b).as_any())?;
-            } else {
-                out.set_slice(end, end, source.cast::<PyTuple>()?.get_slice(a, b).as_any())?;
-            }
+            // `part` is an exact list or tuple: CPython copies it in C.
+            out.set_slice(end, end, &part)?;
         }
         out.del_slice(n, n + 1)?;
-        if out.len() == n {
-            return Ok(out);
-        }
+        debug_assert_eq!(out.len(), n);
+        return Ok(out);
     }
+    model_input_from_values(py, trajectory, pieces, n)
+}
+
+fn model_input_from_values<'py>(
+    py: Python<'py>,
+    trajectory: &Trajectory,
+    pieces: &[Piece],
+    n: usize,
+) -> PyResult<Bound<'py, PyList>> {
     let values = pieces
         .iter()
         .flat_map(|p| trajectory.elements[p.elements.clone()].iter());

@@ -56,9 +56,22 @@ impl<'py, T: Element> Column<'py, T> {
 }
 
 /// A row's model input as built: one text chunk's tokens (a list of ints
-/// or an int32 array).
+/// or an int32 array), or (tinker-cookbook rows) the chunk list itself.
 pub enum ModelInputOut<'py> {
     Tokens(Bound<'py, PyAny>),
+    Chunks(Bound<'py, PyList>),
+}
+
+/// An `EncodedTextChunk` holding `tokens` (a list of ints or an int32 array).
+pub fn text_chunk<'py>(cls: &Bound<'py, PyType>, tokens: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = cls.py();
+    if let Ok(list) = tokens.cast::<PyList>() {
+        untrack_list(list);
+    }
+    let fields = PyDict::new(py);
+    fields.set_item(intern!(py, "tokens"), tokens)?;
+    fields.set_item(intern!(py, "type"), intern!(py, "encoded_text"))?;
+    pydantic_model(cls, &fields, intern!(py, "tokens"))
 }
 
 /// One loss input: its key, its dtype's name, its array.
@@ -194,16 +207,8 @@ fn tensor<'py>(cls: &Bound<'py, PyType>, input: &LossInput<'py>, n: usize) -> Py
 pub fn datum<'py>(classes: &DatumClasses<'py>, row: FilledRow<'py>) -> PyResult<Bound<'py, PyAny>> {
     let py = classes.datum.py();
     let chunks = match row.model_input {
-        ModelInputOut::Tokens(tokens) => {
-            if let Ok(list) = tokens.cast::<PyList>() {
-                untrack_list(list);
-            }
-            let chunk_fields = PyDict::new(py);
-            chunk_fields.set_item(intern!(py, "tokens"), tokens)?;
-            chunk_fields.set_item(intern!(py, "type"), intern!(py, "encoded_text"))?;
-            let chunk = pydantic_model(&classes.chunk, &chunk_fields, intern!(py, "tokens"))?;
-            PyList::new(py, [chunk])?
-        }
+        ModelInputOut::Tokens(tokens) => PyList::new(py, [text_chunk(&classes.chunk, &tokens)?])?,
+        ModelInputOut::Chunks(chunks) => chunks,
     };
     let input_fields = PyDict::new(py);
     input_fields.set_item(intern!(py, "chunks"), chunks)?;

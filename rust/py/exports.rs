@@ -4,11 +4,12 @@
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyType};
+use pyo3::types::{PyList, PyTuple, PyType};
 
 use crate::advantages::{extend_group_advantages, is_constant, reward_stats, AdvantageRule, Baseline};
 use crate::py::assemble::{self, ModelInputKind, Options};
 use crate::py::build::DatumClasses;
+use crate::py::cookbook::cookbook_datums;
 use crate::py::errors::guarded;
 use crate::py::evsys::{read_rewards, FitReport};
 
@@ -187,6 +188,31 @@ pub fn py_assemble_datums<'py>(
             metadata: metadata.unbind(),
             fitted: Py::new(py, Fitted::from(fit))?,
         })
+    })
+}
+
+/// tinker-cookbook's rows: `(datums, [(group, trajectory)], provenance)`,
+/// provenance per datum `None` or `(model_input spans, target spans)` of
+/// `(sequence_id, offset, length, sampled)`.
+#[pyfunction(name = "assemble_cookbook")]
+pub fn py_assemble_cookbook<'py>(
+    groups: &Bound<'py, PyAny>,
+    advantages: &Bound<'py, PyAny>,
+    include_provenance: bool,
+    classes: ClassTuple<'py>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    guarded(|| {
+        let py = groups.py();
+        let (datum, model_input, chunk, tensor_data, metadata) = classes;
+        let classes = DatumClasses {
+            datum,
+            model_input,
+            chunk,
+            tensor_data,
+            metadata,
+        };
+        let (datums, pairs, provenance) = cookbook_datums(groups, advantages, include_provenance, &classes)?;
+        PyTuple::new(py, [datums.into_any(), pairs.into_any(), provenance.into_any()])
     })
 }
 

@@ -6,6 +6,7 @@
 
 pub mod assemble;
 pub mod build;
+pub mod cookbook;
 pub mod errors;
 pub mod evsys;
 pub mod exports;

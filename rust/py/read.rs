@@ -147,11 +147,19 @@ impl<'py> Items<'py> {
         }
     }
 
-    /// The container itself (a list or tuple), for sharing its items.
-    pub fn container(&self) -> &Bound<'py, PyAny> {
+    /// Items `a..b` as a new list or tuple sharing them, sliced in C (no
+    /// Python code runs, even for subclasses), for building outputs; `None`
+    /// if a list is now shorter than `b`. An exact list or tuple read whole
+    /// is handed over as it is (nothing to copy).
+    pub fn share(&self, a: usize, b: usize) -> Option<Bound<'py, PyAny>> {
         match &self.seq {
-            Seq::List(l) => l.as_any(),
-            Seq::Tuple(t) => t.as_any(),
+            Seq::List(l) if l.len() < b => None,
+            Seq::List(l) if a == 0 && l.len() == b && l.is_exact_instance_of::<PyList>() => Some(l.clone().into_any()),
+            Seq::List(l) => Some(l.get_slice(a, b).into_any()),
+            Seq::Tuple(t) if a == 0 && t.len() == b && t.is_exact_instance_of::<PyTuple>() => {
+                Some(t.clone().into_any())
+            }
+            Seq::Tuple(t) => Some(t.get_slice(a, b).into_any()),
         }
     }
 }
@@ -281,7 +289,7 @@ pub fn logprob_at(items: &Items<'_>, k: usize, at: Location) -> PyResult<(f32, b
     // `item` is borrowed.
     let item = unsafe { items.peek(k)? };
     if let Ok(float) = item.cast_exact::<PyFloat>() {
-        #[allow(clippy::cast_possible_truncation)] // float32 is the wire dtype; overflow is checked
+        // float32 is the wire dtype; overflow is checked.
         let v = float.value() as f32;
         if v.is_finite() {
             return Ok((v, true));
@@ -292,9 +300,17 @@ pub fn logprob_at(items: &Items<'_>, k: usize, at: Location) -> PyResult<(f32, b
         field: "logprobs",
         index: k,
     };
-    #[allow(clippy::cast_possible_truncation)]
-    let v = real_value(&item, "logprob", true, Some(at_item), at)? as f32;
-    Ok((v, false))
+    Ok((real_value(&item, "logprob", true, Some(at_item), at)? as f32, false))
+}
+
+/// Any real number as `float()` reads it (NaN and infinities included), and
+/// whether it is an `int`: tinker-cookbook hands both to torch as they are.
+pub fn any_real(item: &Bound<'_, PyAny>, what: &str, at_item: Item<'_>, at: Location) -> PyResult<(f64, bool)> {
+    let is_int = item.is_instance_of::<PyInt>();
+    let v = item
+        .extract::<f64>()
+        .map_err(|e| not_real(item, e, what, &at_item.to_string(), at))?;
+    Ok((v, is_int))
 }
 
 /// A finite real number (also finite once rounded to float32, the wire

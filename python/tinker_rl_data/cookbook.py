@@ -1,0 +1,382 @@
+"""A fast, exact drop-in for tinker-cookbook 0.6.1's ``tinker_cookbook.rl.data_processing``.
+
+Same names, signatures and results as the cookbook's module::
+
+    compute_advantages(trajectory_groups_P)
+    assemble_training_data(trajectory_groups_P, advantages_P, include_provenance=True)
+    trajectory_to_data(traj, traj_advantage, include_provenance=True)
+    remove_constant_reward_groups(trajectory_groups_P)
+
+Inputs are the cookbook's own objects (``TrajectoryGroup``, ``Trajectory``,
+``Transition``, ``TokensWithLogprobs``, ``tinker.ModelInput``), read by
+attribute: using this module needs neither tinker_cookbook nor, except for
+:func:`compute_advantages`, torch. The per-position work (merging turns into
+Datums, targets, logprobs, advantages, masks, provenance spans) is one call
+of the Rust core; this module does per-group and per-Datum Python only.
+
+To switch a cookbook training run, before it starts::
+
+    import tinker_rl_data.cookbook
+    tinker_rl_data.cookbook.install()
+
+which replaces the four functions in every loaded tinker_cookbook module that
+holds them (``rl.data_processing``, ``rl.train``, the distillation trainers),
+so modules imported later get them too. :func:`uninstall` puts the originals
+back.
+
+Errors are raised where the cookbook raises them, of the same class or a
+subclass: the cookbook's ``DataValidationError`` cases and missing logprobs
+raise :class:`DataValidationError` (this module's), a subclass of
+``tinker_cookbook.exceptions.DataValidationError`` when tinker_cookbook is
+importable and always of ``ValueError``; our messages also say where
+(``group G, trajectory T, transition U: ...``).
+
+No import of tinker_cookbook or torch happens at import of this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Iterable, Sequence
+
+from . import _core
+
+__all__ = [
+    "assemble_training_data",
+    "compute_advantages",
+    "install",
+    "remove_constant_reward_groups",
+    "trajectory_to_data",
+    "uninstall",
+]
+
+#: The tinker-cookbook version whose behaviour this module reproduces and
+#: whose tests (tests/test_cookbook.py) it passes.
+VERIFIED_COOKBOOK_VERSION = "0.6.1"
+
+# The cookbook's own logger (``logging.getLogger(__name__)`` in its
+# rl/data_processing.py), so that filters and handlers set up for the
+# cookbook's warning see ours.
+logger = logging.getLogger("tinker_cookbook.rl.data_processing")
+
+_NAMES = ("compute_advantages", "assemble_training_data", "trajectory_to_data", "remove_constant_reward_groups")
+_COOKBOOK_MODULE = "tinker_cookbook.rl.data_processing"
+
+
+# --------------------------------------------------------------------------
+# Errors
+
+
+_error_class: type[ValueError] | None = None
+
+
+def _data_validation_error() -> type[ValueError]:
+    """This module's DataValidationError: a subclass of the cookbook's
+    ``DataValidationError`` when tinker_cookbook is importable (and so of
+    ``ValueError``), else of ``ValueError`` alone. Built on first use so that
+    importing this module does not import tinker_cookbook."""
+    global _error_class
+    if _error_class is None:
+        bases: tuple[type, ...]
+        try:
+            from tinker_cookbook.exceptions import DataValidationError as CookbookError
+        except ImportError:
+            bases = (ValueError,)
+        else:
+            bases = (CookbookError,) if issubclass(CookbookError, ValueError) else (CookbookError, ValueError)
+        _error_class = type(
+            "DataValidationError",
+            bases,
+            {
+                "__module__": __name__,
+                "__qualname__": "DataValidationError",
+                "__doc__": "A trajectory the cookbook's data processing rejects "
+                "(missing logprobs, fewer than 2 tokens, a sequence ending in an image); "
+                "the message starts with where.",
+            },
+        )
+    return _error_class
+
+
+def __getattr__(name: str) -> Any:
+    # ``tinker_rl_data.cookbook.DataValidationError`` exists (and pickles)
+    # without importing tinker_cookbook at import of this module.
+    if name == "DataValidationError":
+        return _data_validation_error()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --------------------------------------------------------------------------
+# Rewards and advantages
+
+
+def _total_rewards(group: Any) -> list[Any]:
+    """The group's ``get_total_rewards()`` when it has the method (the
+    cookbook's TrajectoryGroup), else the same sum read by attribute: each
+    trajectory's transition rewards plus its final reward, lengths checked
+    as the cookbook's safezip does."""
+    method = getattr(group, "get_total_rewards", None)
+    if callable(method):
+        return method()
+    return [
+        sum(transition.reward for transition in trajectory.transitions) + final_reward
+        for trajectory, final_reward in zip(group.trajectories_G, group.final_rewards_G, strict=True)
+    ]
+
+
+def compute_advantages(trajectory_groups_P: Iterable[Any]) -> list[Any]:
+    """Per group, the total rewards minus their mean, as the cookbook computes them.
+
+    Returns a list (one per group) of torch tensors of shape ``(G,)``,
+    bit-identical to tinker_cookbook 0.6.1's ``compute_advantages``: the
+    same torch operations on the same values (``torch.tensor(rewards)``
+    then ``rewards - rewards.mean()``; float32 for float rewards). torch is
+    imported here, when called, not at import of this module.
+    """
+    import torch
+
+    advantages_P = []
+    for traj_group in trajectory_groups_P:
+        rewards_G = torch.tensor(_total_rewards(traj_group))
+        advantages_P.append(rewards_G - rewards_G.mean())
+    return advantages_P
+
+
+def remove_constant_reward_groups(trajectory_groups_P: Sequence[Any]) -> Any:
+    """The groups whose trajectories' total rewards are not all equal.
+
+    As the cookbook: when no group is left, logs the warning "All rewards
+    are uniform. There will be no gradient" on the logger
+    ``tinker_cookbook.rl.data_processing`` and returns
+    ``trajectory_groups_P[0:1]`` (a singleton, or empty for an empty input)
+    so downstream code that expects a non-empty list does not break.
+    """
+    new_groups = []
+    for group in trajectory_groups_P:
+        rewards = _total_rewards(group)
+        if not all(x == rewards[0] for x in rewards):
+            new_groups.append(group)
+    if not new_groups:
+        logger.warning("All rewards are uniform. There will be no gradient")
+        return trajectory_groups_P[0:1]
+    return new_groups
+
+
+# --------------------------------------------------------------------------
+# Training data
+
+
+class _GroupView:
+    """What the core reads of a group: the trajectories, as already iterated
+    here (so a prefix of them when the batch stops early)."""
+
+    __slots__ = ("trajectories_G",)
+
+    def __init__(self, trajectories: list[Any]) -> None:
+        self.trajectories_G = trajectories
+
+
+_classes: tuple[type, ...] | None = None
+
+
+def _core_classes() -> tuple[type, ...]:
+    global _classes
+    if _classes is None:
+        from ._build import _CLASSES
+
+        _classes = _CLASSES
+    return _classes
+
+
+def _span(entry: Sequence[Any]) -> Any:
+    """A provenance span from the core's tuple: ``(sequence_id, offset, length)``
+    with offset None for ``SampledProvenanceSpan(sequence_id, length)``, else a
+    ``PromptProvenanceSpan``; or ``(sequence_id, offset, length, sampled)``."""
+    import tinker
+
+    if len(entry) == 4:
+        sequence_id, offset, length, sampled = entry
+        cls = tinker.SampledProvenanceSpan if sampled else tinker.PromptProvenanceSpan
+        return cls(sequence_id=sequence_id, offset=offset, length=length)
+    sequence_id, offset, length = entry
+    if offset is None:
+        return tinker.SampledProvenanceSpan(sequence_id=sequence_id, length=length)
+    return tinker.PromptProvenanceSpan(sequence_id=sequence_id, offset=offset, length=length)
+
+
+def _assemble(
+    groups: list[Any], advantages: list[list[float]], include_provenance: bool, strip_location: str = ""
+) -> tuple[list[Any], list[tuple[int, int]]]:
+    """One core call; provenance attached, core errors mapped."""
+    assemble = getattr(_core, "assemble_cookbook", None)
+    if assemble is None:
+        raise NotImplementedError("this build of tinker_rl_data has no _core.assemble_cookbook")
+    try:
+        datums, pairs, provenance = assemble(groups, advantages, bool(include_provenance), _core_classes())
+    except ValueError as exc:
+        message = str(exc)
+        if strip_location and message.startswith(strip_location):
+            message = message[len(strip_location) :]
+        raise _data_validation_error()(message) from exc
+    for i, spans in enumerate(provenance):
+        if spans is not None:
+            model_input_spans, target_spans = spans
+            datums[i] = datums[i].with_provenance(
+                model_input=[_span(s) for s in model_input_spans],
+                loss_fn_inputs=[_span(s) for s in target_spans],
+            )
+    return datums, pairs
+
+
+def assemble_training_data(
+    trajectory_groups_P: Iterable[Any], advantages_P: Iterable[Any], include_provenance: bool = True
+) -> tuple[list[Any], list[dict[str, int]]]:
+    """Training Datums for every trajectory of every group, and their metadata.
+
+    The result of tinker_cookbook 0.6.1's ``assemble_training_data``, Datum
+    for Datum: each trajectory is cut into Datums as ``trajectory_to_data``
+    does (with advantage ``float(advantages_P[g][t])``), in batch order; the
+    metadata list holds ``{"group_idx": g, "traj_idx": t}`` per Datum.
+
+    Groups and advantages are paired as the cookbook's ``safezip`` does
+    (``zip(strict=True)``, outer and per group): a length mismatch raises
+    ``ValueError`` (whose message here starts with where) after the pairs
+    before it have been processed, so an error in those is raised first,
+    as in the cookbook. The same holds for an advantage that ``float()``
+    rejects.
+    """
+    groups: list[Any] = []
+    advantages: list[list[float]] = []
+    pending: Exception | None = None
+    where = ""
+    try:
+        for i_group, (traj_group, advantages_G) in enumerate(zip(trajectory_groups_P, advantages_P, strict=True)):
+            trajectories: list[Any] = []
+            row: list[float] = []
+            groups.append(_GroupView(trajectories))
+            advantages.append(row)
+            where = f"group {i_group}: "
+            for i_traj, (traj, traj_advantage) in enumerate(zip(traj_group.trajectories_G, advantages_G, strict=True)):
+                where = f"group {i_group}, trajectory {i_traj}: "
+                row.append(float(traj_advantage))
+                trajectories.append(traj)
+                where = f"group {i_group}: "
+            where = ""
+    except Exception as exc:  # raised after the pairs before it, as the cookbook does
+        pending = exc
+
+    datums, pairs = _assemble(groups, advantages, include_provenance)
+
+    if pending is not None:
+        if type(pending) is ValueError and str(pending).startswith("zip() argument"):
+            # The cookbook's safezip raises this ValueError; ours says where.
+            what = "the trajectories and their advantages" if where else "trajectory_groups_P and advantages_P"
+            raise ValueError(f"{where}{what} differ in length ({pending})") from None
+        raise pending
+    metadata = [{"group_idx": g, "traj_idx": t} for g, t in pairs]
+    return datums, metadata
+
+
+def trajectory_to_data(traj: Any, traj_advantage: float, include_provenance: bool = True) -> list[Any]:
+    """The Datums of one trajectory, as tinker_cookbook 0.6.1's ``trajectory_to_data``.
+
+    Consecutive transitions merge into one Datum while each observation
+    extends the sequence so far (observation and action tokens, image
+    chunks compared as elements); an observation that does not starts a
+    new Datum. Each Datum has ``loss_fn_inputs`` ``target_tokens``,
+    ``logprobs``, ``advantages``, ``mask`` with the cookbook's dtypes and
+    values (observation positions: logprob 0.0, advantage 0, mask 0.0;
+    action positions: the sampled logprobs, ``traj_advantage``, mask 1.0,
+    or advantage 0.0 and mask 0.0 when the transition's
+    ``metrics["parse_error_masked"] >= 1``), and provenance spans when the
+    cookbook attaches them (``include_provenance``, every action in the
+    Datum with a ``sequence_id``, and at least one action token a target).
+
+    ``traj_advantage`` is taken as ``float(traj_advantage)``, as
+    ``assemble_training_data`` passes it.
+    """
+    where = "group 0, trajectory 0, "
+    datums, _ = _assemble([_GroupView([traj])], [[float(traj_advantage)]], include_provenance, strip_location=where)
+    return datums
+
+
+# --------------------------------------------------------------------------
+# install / uninstall
+
+_originals: dict[str, Any] = {}
+
+
+def _ours() -> dict[str, Any]:
+    module = sys.modules[__name__]
+    return {name: getattr(module, name) for name in _NAMES}
+
+
+def _cookbook_modules() -> list[Any]:
+    return [
+        module
+        for name, module in list(sys.modules.items())
+        if module is not None and (name == "tinker_cookbook" or name.startswith("tinker_cookbook."))
+    ]
+
+
+def _replace(old_by_name: dict[str, Any], new_by_name: dict[str, Any]) -> int:
+    """In every loaded tinker_cookbook module, every attribute that is one of
+    ``old_by_name``'s functions (under any name) becomes its counterpart."""
+    counterpart = {id(old_by_name[name]): new_by_name[name] for name in _NAMES}
+    olds = {id(f): f for f in old_by_name.values()}
+    n = 0
+    for module in _cookbook_modules():
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attr, value in list(namespace.items()):
+            if id(value) in olds and olds[id(value)] is value:
+                setattr(module, attr, counterpart[id(value)])
+                n += 1
+    return n
+
+
+def install(force: bool = False) -> None:
+    """Use this module's functions in tinker_cookbook.
+
+    Replaces ``compute_advantages``, ``assemble_training_data``,
+    ``trajectory_to_data`` and ``remove_constant_reward_groups`` in
+    ``tinker_cookbook.rl.data_processing`` and in every other loaded
+    tinker_cookbook module that holds them (``rl.train``,
+    ``distillation.train_on_policy``, ``distillation.sdft``, ...); modules
+    imported afterwards take them from ``rl.data_processing``. Calling it
+    again is harmless.
+
+    Raises RuntimeError for a tinker-cookbook version other than
+    ``VERIFIED_COOKBOOK_VERSION`` (whose behaviour has not been checked),
+    unless ``force=True``; ImportError when tinker_cookbook is not installed.
+    """
+    import importlib
+
+    import tinker_cookbook
+
+    version = getattr(tinker_cookbook, "__version__", None)
+    if version != VERIFIED_COOKBOOK_VERSION and not force:
+        raise RuntimeError(
+            f"tinker_rl_data.cookbook reproduces tinker-cookbook {VERIFIED_COOKBOOK_VERSION}, "
+            f"but tinker-cookbook {version} is installed: its data processing may differ. "
+            "Call install(force=True) to use it anyway."
+        )
+    data_processing = importlib.import_module(_COOKBOOK_MODULE)
+    ours = _ours()
+    if not _originals:
+        current = {name: getattr(data_processing, name) for name in _NAMES}
+        if any(current[name] is ours[name] for name in _NAMES):
+            raise RuntimeError(f"{_COOKBOOK_MODULE} already holds tinker_rl_data's functions")
+        _originals.update(current)
+    _replace(_originals, ours)
+
+
+def uninstall() -> None:
+    """Put the cookbook's own functions back wherever :func:`install` (or a
+    module imported after it) placed ours. Harmless when not installed."""
+    if not _originals:
+        return
+    _replace(_ours(), _originals)
+    _originals.clear()

@@ -1,0 +1,583 @@
+//! The tinker-cookbook front door: groups (`trajectories_G`) of trajectories
+//! (`transitions`) of transitions (`ob`, a `tinker.ModelInput`; `ac` with
+//! `tokens`, `maybe_logprobs`, `sequence_id`; `metrics`), read one
+//! trajectory at a time into a plain [`Trajectory`] and assembled as
+//! tinker-cookbook 0.6.1's `rl.data_processing` does: rows merged while each
+//! observation extends the sequence so far, `mask`, parse-error masking and
+//! provenance spans.
+//!
+//! A non-text chunk is one opaque element per position: the first holds
+//! `-(id + 1)` (`id` numbers the distinct chunks of the trajectory, equal
+//! chunks sharing one), the rest [`CONTINUATION`]; so comparing elements
+//! compares chunks by equality, as the cookbook does, and a chunk's
+//! positions have target 0.
+
+use pyo3::exceptions::{PyAssertionError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyFloat, PyList, PyTuple};
+
+use crate::error::{ErrorKind, InputError, Location, StepName};
+use crate::plan::{plan_rows, Keep, Merge, Piece, Plan, Row, Trajectory, TurnSpan};
+use crate::py::build::{self, Column, DatumClasses, FilledRow, GcPaused, LossInput, ModelInputOut};
+use crate::py::read::{any_real, attr, token_at, Item, ItemKind, Items, MAX_TOKEN};
+use crate::rows::{fill_row, Inputs, RowOut};
+
+/// The positions of a non-text chunk after its first.
+pub const CONTINUATION: i64 = i64::MIN;
+
+/// A non-text chunk of length 0 is one element that takes no position:
+/// `ZERO_WIDTH - id`. Rows are planned with it (the cookbook compares it as
+/// it compares any chunk) and filled without it.
+const ZERO_WIDTH: i64 = i64::MIN / 2;
+
+fn is_zero_width(e: i64) -> bool {
+    e <= ZERO_WIDTH && e != CONTINUATION
+}
+
+/// What a transition contributes besides its elements.
+struct TransitionIn<'py> {
+    sequence_id: Option<Bound<'py, PyAny>>,
+    masked: bool,
+    /// Its logprobs as given, into [`TrajectoryIn::raw_logprobs`].
+    logprobs: std::ops::Range<usize>,
+}
+
+/// One trajectory as read.
+#[derive(Default)]
+struct TrajectoryIn<'py> {
+    plain: Trajectory,
+    /// Parallel to the elements: each action token's own logprob.
+    logprobs: Vec<f32>,
+    /// Each transition's logprobs as given, and whether each was an `int`.
+    raw_logprobs: Vec<f64>,
+    raw_is_int: Vec<bool>,
+    transitions: Vec<TransitionIn<'py>>,
+    /// The distinct non-text chunks, by id.
+    chunks: Vec<Bound<'py, PyAny>>,
+    /// The elements of the observation of the transition being read, once
+    /// read: if reading it then fails, the cookbook would still have acted
+    /// on it (built the row it closes) first.
+    pending_ob: Option<std::ops::Range<usize>>,
+    has_zero_width: bool,
+}
+
+fn located(kind: ErrorKind, at: Location, message: impl Into<String>) -> PyErr {
+    InputError::new(kind, at, message).into()
+}
+
+fn chunk_id<'py>(chunks: &mut Vec<Bound<'py, PyAny>>, chunk: Bound<'py, PyAny>) -> PyResult<usize> {
+    for (id, known) in chunks.iter().enumerate() {
+        if known.is(&chunk) || known.eq(&chunk)? {
+            return Ok(id);
+        }
+    }
+    chunks.push(chunk);
+    Ok(chunks.len() - 1)
+}
+
+fn read_trajectory<'py>(
+    trajectory: &Bound<'py, PyAny>,
+    text_chunk: &Bound<'py, PyAny>,
+    g: usize,
+    t: usize,
+    out: &mut TrajectoryIn<'py>,
+) -> PyResult<()> {
+    let py = trajectory.py();
+    let limit = MAX_TOKEN + 1;
+    let at = Location::trajectory(g, t);
+    let transitions = Items::of(
+        &attr(trajectory, intern!(py, "transitions"), at)?,
+        "transitions",
+        ItemKind::Object,
+        at,
+    )?;
+    for u in 0..transitions.len() {
+        let at = Location::turn(g, t, u).named(StepName::Transition);
+        let transition = transitions.get(u)?;
+        let start = out.plain.elements.len();
+        let ob = attr(&transition, intern!(py, "ob"), at)?;
+        let chunks = Items::of(
+            &attr(&ob, intern!(py, "chunks"), at)?,
+            "ob.chunks",
+            ItemKind::Object,
+            at,
+        )?;
+        for c in 0..chunks.len() {
+            let chunk = chunks.get(c)?;
+            if chunk.is_instance(text_chunk)? {
+                let tokens = Items::of(
+                    &attr(&chunk, intern!(py, "tokens"), at)?,
+                    "ob tokens",
+                    ItemKind::Token,
+                    at,
+                )?;
+                for i in 0..tokens.len() {
+                    out.plain.elements.push(token_at(&tokens, i, "ob tokens", limit, at)?.0);
+                }
+            } else {
+                let length: usize = attr(&chunk, intern!(py, "length"), at)?.extract()?;
+                let id = chunk_id(&mut out.chunks, chunk)? as i64;
+                if length == 0 {
+                    out.plain.elements.push(ZERO_WIDTH - id);
+                    out.has_zero_width = true;
+                } else {
+                    out.plain.elements.push(-id - 1);
+                    out.plain.elements.extend(std::iter::repeat_n(CONTINUATION, length - 1));
+                }
+            }
+        }
+        out.pending_ob = Some(start..out.plain.elements.len());
+        let ac = attr(&transition, intern!(py, "ac"), at)?;
+        let tokens = Items::of(&attr(&ac, intern!(py, "tokens"), at)?, "ac.tokens", ItemKind::Token, at)?;
+        let mid = out.plain.elements.len();
+        for i in 0..tokens.len() {
+            out.plain.elements.push(token_at(&tokens, i, "ac.tokens", limit, at)?.0);
+        }
+        let logprobs = match ac.getattr_opt(intern!(py, "maybe_logprobs"))? {
+            Some(l) => l,
+            None => attr(&ac, intern!(py, "logprobs"), at)?,
+        };
+        if logprobs.is_none() {
+            return Err(located(
+                ErrorKind::Value,
+                at,
+                "logprobs are not available (ac.maybe_logprobs is None)",
+            ));
+        }
+        let logprobs = Items::of(&logprobs, "ac.logprobs", ItemKind::Real, at)?;
+        let raw_start = out.raw_logprobs.len();
+        for k in 0..logprobs.len() {
+            let at_item = Item {
+                field: "ac.logprobs",
+                index: k,
+            };
+            let (v, is_int) = any_real(&logprobs.get(k)?, "logprob", at_item, at)?;
+            out.raw_logprobs.push(v);
+            out.raw_is_int.push(is_int);
+        }
+        out.logprobs.resize(out.plain.elements.len(), 0.0);
+        let n = logprobs.len().min(tokens.len());
+        for (dst, &v) in out.logprobs[mid..mid + n]
+            .iter_mut()
+            .zip(&out.raw_logprobs[raw_start..])
+        {
+            *dst = v as f32; // torch's float32, overflow to inf included
+        }
+        let sequence_id = ac.getattr_opt(intern!(py, "sequence_id"))?.filter(|s| !s.is_none());
+        let metrics = attr(&transition, intern!(py, "metrics"), at)?;
+        let flag = metrics.call_method1(intern!(py, "get"), (intern!(py, "parse_error_masked"), 0.0))?;
+        // float() as the cookbook reads it (a str "1" counts too).
+        let masked = py.get_type::<PyFloat>().call1((flag,))?.extract::<f64>()? >= 1.0;
+        out.plain.turns.push(TurnSpan {
+            prompt: start..mid,
+            completion: mid..out.plain.elements.len(),
+        });
+        out.pending_ob = None;
+        out.transitions.push(TransitionIn {
+            sequence_id,
+            masked,
+            logprobs: raw_start..out.raw_logprobs.len(),
+        });
+    }
+    Ok(())
+}
+
+/// The context and action lengths each transition adds to a row.
+fn contributions(pieces: &[Piece], row: &Row) -> Vec<(usize, usize)> {
+    let mut out = vec![(0, 0); row.n_turns];
+    for piece in pieces {
+        let slot = &mut out[piece.turn - row.first_turn];
+        if piece.completion {
+            slot.1 += piece.elements.len();
+        } else {
+            slot.0 += piece.elements.len();
+        }
+    }
+    out
+}
+
+/// `(sequence_id, offset, length, sampled)`, as `cookbook.py` makes spans.
+type Span<'py> = (Bound<'py, PyAny>, usize, usize, bool);
+
+/// `(model_input spans, target spans)`.
+type Provenance<'py> = (Vec<Span<'py>>, Vec<Span<'py>>);
+
+/// The cookbook's provenance for a row: `(model_input spans, target spans)`
+/// when every transition with tokens has a sequence id and some action
+/// token is a target.
+fn provenance<'py>(
+    traj: &TrajectoryIn<'py>,
+    row: &Row,
+    parts: &[(usize, usize)],
+    at: Location,
+) -> PyResult<Option<Provenance<'py>>> {
+    let mut spans: Vec<Span<'py>> = Vec::new();
+    let mut offset = 0;
+    for (k, &(context, action)) in parts.iter().enumerate() {
+        let id = traj.transitions[row.first_turn + k].sequence_id.as_ref();
+        if context + action > 0 {
+            let Some(id) = id else { return Ok(None) };
+            // tinker's span classes refuse an empty id, even where the
+            // cookbook then attaches no provenance.
+            if !id.is_truthy()? {
+                let message = format!("{at}: a provenance span's sequence_id must be non-empty");
+                return Err(PyValueError::new_err(message));
+            }
+            if context > 0 {
+                spans.push((id.clone(), offset, context, false));
+            }
+            if action > 0 {
+                spans.push((id.clone(), 0, action, true));
+            }
+        }
+        offset += context + action;
+    }
+    let Some((first, rest)) = spans.split_first() else {
+        return Ok(None);
+    };
+    let mut targets: Vec<Span<'py>> = Vec::with_capacity(spans.len());
+    if first.2 > 1 {
+        targets.push((first.0.clone(), first.1 + 1, first.2 - 1, first.3));
+    }
+    targets.extend(rest.iter().cloned());
+    if !targets.iter().any(|s| s.3) {
+        return Ok(None);
+    }
+    let mut inputs = spans;
+    let last = inputs.last_mut().expect("spans is not empty");
+    if last.2 == 1 {
+        inputs.pop();
+    } else {
+        last.2 -= 1;
+    }
+    Ok(Some((inputs, targets)))
+}
+
+/// The logprob column as the cookbook builds it, where that differs from
+/// each action token's own logprob in float32: each transition's context
+/// zeros then its logprobs as given, back to back, without the first. That
+/// is shifted when a transition's logprobs are not as long as its action,
+/// and int64 (torch's choice) when every value left is a Python int.
+enum LogprobColumn {
+    Float(Vec<f32>),
+    Int(Vec<i64>),
+}
+
+fn cookbook_logprobs(
+    traj: &TrajectoryIn<'_>,
+    row: &Row,
+    parts: &[(usize, usize)],
+    at: Location,
+) -> PyResult<Option<LogprobColumn>> {
+    let transitions = &traj.transitions[row.first_turn..row.first_turn + row.n_turns];
+    let aligned = transitions.iter().zip(parts).all(|(tr, p)| tr.logprobs.len() == p.1);
+    let any_int = transitions
+        .iter()
+        .any(|tr| traj.raw_is_int[tr.logprobs.clone()].iter().any(|&i| i));
+    if aligned && !any_int {
+        return Ok(None);
+    }
+    let mut column: Vec<(f64, bool)> = Vec::with_capacity(row.len);
+    for (tr, &(context, _)) in transitions.iter().zip(parts) {
+        column.extend(std::iter::repeat_n((0.0, false), context));
+        let raw = tr.logprobs.clone();
+        column.extend(
+            traj.raw_logprobs[raw.clone()]
+                .iter()
+                .copied()
+                .zip(traj.raw_is_int[raw].iter().copied()),
+        );
+    }
+    if column.len() != row.len {
+        let message = format!(
+            "{at}: the transitions' logprobs and tokens make {} and {} positions",
+            column.len(),
+            row.len
+        );
+        return Err(PyAssertionError::new_err(message));
+    }
+    let column = &column[1..];
+    Ok(Some(if column.iter().all(|c| c.1) {
+        LogprobColumn::Int(column.iter().map(|c| c.0 as i64).collect())
+    } else {
+        LogprobColumn::Float(column.iter().map(|c| c.0 as f32).collect())
+    }))
+}
+
+/// The model input `S[:-1]` as chunks: runs of tokens as text chunks, each
+/// non-text chunk as it was given; `zero_width` are the chunks of length 0
+/// with the position they stand before.
+fn input_chunks<'py>(
+    classes: &DatumClasses<'py>,
+    traj: &TrajectoryIn<'py>,
+    pieces: &[Piece],
+    zero_width: &[(usize, usize)],
+    n: usize,
+) -> PyResult<Bound<'py, PyList>> {
+    let py = classes.chunk.py();
+    let chunks = PyList::empty(py);
+    let mut text: Vec<i64> = Vec::new();
+    let flush = |text: &mut Vec<i64>| -> PyResult<()> {
+        if !text.is_empty() {
+            chunks.append(build::text_chunk(
+                &classes.chunk,
+                PyList::new(py, text.iter())?.as_any(),
+            )?)?;
+            text.clear();
+        }
+        Ok(())
+    };
+    let mut zero_width = zero_width.iter().peekable();
+    let elements = pieces
+        .iter()
+        .flat_map(|p| traj.plain.elements[p.elements.clone()].iter().copied());
+    for (position, e) in elements.take(n).chain(std::iter::once(0)).enumerate() {
+        while let Some(&(_, id)) = zero_width.next_if(|z| z.0 == position) {
+            flush(&mut text)?;
+            chunks.append(&traj.chunks[id])?;
+        }
+        if position == n {
+            break;
+        }
+        if e >= 0 {
+            text.push(e);
+        } else if e != CONTINUATION {
+            flush(&mut text)?;
+            chunks.append(&traj.chunks[(-(e + 1)) as usize])?;
+        }
+    }
+    flush(&mut text)?;
+    Ok(chunks)
+}
+
+/// `pieces` without their zero-width elements, and those as `(position in
+/// S, chunk id)`.
+fn without_zero_width(pieces: &[Piece], elements: &[i64]) -> (Vec<Piece>, Vec<(usize, usize)>) {
+    let mut kept = Vec::with_capacity(pieces.len());
+    let mut zero_width = Vec::new();
+    let mut position = 0;
+    for piece in pieces {
+        let mut start = piece.elements.start;
+        for i in piece.elements.clone() {
+            if is_zero_width(elements[i]) {
+                if start < i {
+                    kept.push(Piece {
+                        elements: start..i,
+                        ..piece.clone()
+                    });
+                }
+                zero_width.push((position, (ZERO_WIDTH - elements[i]) as usize));
+                start = i + 1;
+            } else {
+                position += 1;
+            }
+        }
+        if start < piece.elements.end {
+            kept.push(Piece {
+                elements: start..piece.elements.end,
+                ..piece.clone()
+            });
+        }
+    }
+    (kept, zero_width)
+}
+
+fn loss_input<'py>(key: &'static str, dtype: &'static str, array: Bound<'py, PyAny>) -> LossInput<'py> {
+    LossInput { key, dtype, array }
+}
+
+/// One row as the cookbook builds it, with its provenance.
+fn cookbook_row<'py>(
+    classes: &DatumClasses<'py>,
+    traj: &TrajectoryIn<'py>,
+    row: &Row,
+    pieces: &[Piece],
+    (g, t, advantage): (usize, usize, f32),
+    include_provenance: bool,
+) -> PyResult<(FilledRow<'py>, Option<Provenance<'py>>)> {
+    let py = classes.datum.py();
+    let at = Location::turn(g, t, row.first_turn).named(StepName::Transition);
+    let last = pieces.last().map_or(0, |p| traj.plain.elements[p.elements.end - 1]);
+    let (stripped, zero_width);
+    let (pieces, row) = if traj.has_zero_width {
+        (stripped, zero_width) = without_zero_width(pieces, &traj.plain.elements);
+        let len = stripped.iter().map(|p| p.elements.len()).sum();
+        (&stripped[..], &Row { len, ..row.clone() })
+    } else {
+        zero_width = Vec::new();
+        (pieces, row)
+    };
+    let parts = contributions(pieces, row);
+    // The cookbook makes the spans while it reads each transition, so their
+    // errors come before those of building the row.
+    let spans = if include_provenance {
+        provenance(traj, row, &parts, at)?
+    } else {
+        None
+    };
+    if last < 0 {
+        let message = "the datum's last chunk must be a text chunk (images carry no loss; remove them first)";
+        return Err(located(ErrorKind::Value, at, message));
+    }
+    if row.len < 2 {
+        return Err(located(
+            ErrorKind::Value,
+            at,
+            "need at least 2 tokens for input/target split",
+        ));
+    }
+    let n = row.len - 1;
+    let mut targets = Column::<i64>::zeros(py, n);
+    let (mut lps, mut advs, mut mask) = (Column::<f32>::zeros(py, n), Column::zeros(py, n), Column::zeros(py, n));
+    let out = RowOut {
+        inputs: Inputs::None,
+        targets: targets.slice_mut(),
+        logprobs: lps.slice_mut(),
+        advantages: advs.slice_mut(),
+        mask: Some(mask.slice_mut()),
+    };
+    // Parse-error-masked transitions train on nothing: mask 0, advantage 0.
+    let weights = |u: usize| {
+        if traj.transitions[u].masked {
+            (0.0, 0.0)
+        } else {
+            (advantage, 1.0)
+        }
+    };
+    fill_row(pieces, &traj.plain.elements, &traj.logprobs, weights, out);
+    let mut logprobs = None;
+    match cookbook_logprobs(traj, row, &parts, at)? {
+        None => {}
+        Some(LogprobColumn::Float(column)) => lps.slice_mut().copy_from_slice(&column),
+        Some(LogprobColumn::Int(column)) => {
+            let mut ints = Column::<i64>::zeros(py, n);
+            ints.slice_mut().copy_from_slice(&column);
+            logprobs = Some(loss_input("logprobs", "int64", ints.into_array().into_any()));
+        }
+    }
+    let logprobs = logprobs.unwrap_or_else(|| loss_input("logprobs", "float32", lps.into_array().into_any()));
+    // No action token among the targets: the cookbook's advantages are all
+    // Python ints there, so torch makes them int64.
+    let advantages = if row.completion_target {
+        loss_input("advantages", "float32", advs.into_array().into_any())
+    } else {
+        loss_input(
+            "advantages",
+            "int64",
+            Column::<i64>::zeros(py, n).into_array().into_any(),
+        )
+    };
+    let filled = FilledRow {
+        model_input: ModelInputOut::Chunks(input_chunks(classes, traj, pieces, &zero_width, n)?),
+        loss_inputs: vec![
+            loss_input("target_tokens", "int64", targets.into_array().into_any()),
+            logprobs,
+            advantages,
+            loss_input("mask", "float32", mask.into_array().into_any()),
+        ],
+        n,
+        group: g,
+        trajectory: t,
+        first_turn: row.first_turn,
+        n_turns: row.n_turns,
+    };
+    Ok((filled, spans))
+}
+
+/// When reading transition `u` failed: checks the rows the cookbook would
+/// have built before it got there (it builds each as the next observation
+/// closes it), so that the first error is the cookbook's.
+fn rows_before_the_error<'py>(
+    classes: &DatumClasses<'py>,
+    traj: &mut TrajectoryIn<'py>,
+    plan: &mut Plan,
+    place: (usize, usize, f32),
+    include_provenance: bool,
+) -> PyResult<()> {
+    let u = traj.transitions.len();
+    traj.plain.turns.truncate(u);
+    if let Some(ob) = traj.pending_ob.clone() {
+        // The failing transition's observation, with no action: it closes
+        // the row before it unless it extends it.
+        traj.plain.turns.push(TurnSpan {
+            prompt: ob.clone(),
+            completion: ob.end..ob.end,
+        });
+    }
+    traj.logprobs.resize(traj.plain.elements.len(), 0.0);
+    plan_rows(&traj.plain, Merge::WhilePromptExtends, Keep::NonEmpty, plan);
+    let before_u: Vec<&Row> = plan.rows.iter().filter(|r| r.first_turn + r.n_turns <= u).collect();
+    // Without its observation, the last row before `u` is still open.
+    let closed = if traj.pending_ob.is_some() {
+        before_u.len()
+    } else {
+        before_u.len().saturating_sub(1)
+    };
+    for row in &before_u[..closed] {
+        cookbook_row(classes, traj, row, plan.pieces_of(row), place, include_provenance)?;
+    }
+    Ok(())
+}
+
+/// Datums (keys `target_tokens`, `logprobs`, `advantages`, `mask`), each
+/// datum's `(group, trajectory)`, and its provenance spans or `None`.
+pub fn cookbook_datums<'py>(
+    groups: &Bound<'py, PyAny>,
+    advantages: &Bound<'py, PyAny>,
+    include_provenance: bool,
+    classes: &DatumClasses<'py>,
+) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>)> {
+    let py = groups.py();
+    let groups = Items::of(groups, "trajectory_groups", ItemKind::Object, Location::BATCH)?;
+    let advantages = Items::of(advantages, "advantages", ItemKind::Rows, Location::BATCH)?;
+    let mut rows = Vec::new();
+    let mut plan = Plan::default();
+    for g in 0..groups.len() {
+        let at = Location::group(g);
+        let group = groups.get(g)?;
+        let trajectories = attr(&group, intern!(py, "trajectories_G"), at)?;
+        let trajectories = Items::of(&trajectories, "trajectories_G", ItemKind::Object, at)?;
+        let group_advantages = Items::of(&advantages.get(g)?, "advantages", ItemKind::Real, at)?;
+        for t in 0..trajectories.len() {
+            py.check_signals()?;
+            let at = Location::trajectory(g, t);
+            // Any float, as the cookbook takes it (its advantages may be NaN).
+            let item = Item {
+                field: "advantages",
+                index: t,
+            };
+            let advantage = any_real(&group_advantages.get(t)?, "advantage", item, at)?.0 as f32;
+            let mut traj = TrajectoryIn::default();
+            if let Err(e) = read_trajectory(&trajectories.get(t)?, classes.chunk.as_any(), g, t, &mut traj) {
+                rows_before_the_error(classes, &mut traj, &mut plan, (g, t, advantage), include_provenance)?;
+                return Err(e);
+            }
+            plan_rows(&traj.plain, Merge::WhilePromptExtends, Keep::NonEmpty, &mut plan);
+            for row in &plan.rows {
+                let pieces = plan.pieces_of(row);
+                rows.push(cookbook_row(
+                    classes,
+                    &traj,
+                    row,
+                    pieces,
+                    (g, t, advantage),
+                    include_provenance,
+                )?);
+            }
+        }
+    }
+    let datums = PyList::empty(py);
+    let pairs = PyList::empty(py);
+    let spans_out = PyList::empty(py);
+    let _gc = GcPaused::new(py);
+    for (row, spans) in rows {
+        pairs.append(PyTuple::new(py, [row.group, row.trajectory])?)?;
+        spans_out.append(match spans {
+            Some(spans) => spans.into_pyobject(py)?.into_any(),
+            None => py.None().into_bound(py),
+        })?;
+        datums.append(build::datum(classes, row)?)?;
+    }
+    Ok((datums, pairs, spans_out))
+}
