@@ -3,7 +3,17 @@ on the SPEC §5 workloads and a scaling series, with CPython's own floor
 (reading every input object once; building the model-input lists). Python's GC stays enabled, as in
 real use. Writes bench/RESULTS.md (and bench/scaling.png with matplotlib).
 
-    python bench/bench.py [--quick] [--no-50m]
+    python bench/bench.py [--quick] [--no-50m] [--repeats N] [--results PATH]
+
+Then the rows issues 7-11 ask for, each measured when the installed build
+has its feature and reported as "n/a (not in this build)" otherwise:
+model_input_tokens="numpy" (pipeline, memory, assembly alone against the
+read floor), merge_turns on multi_turn_agent, the advantage estimators and
+remove_constant_reward_groups, tinker_rl_data.cookbook against
+tinker-cookbook 0.6.1 (skipped with a note when tinker_cookbook does not
+import), the end-to-end table of bench/e2e.py (up to the request bytes), the
+RSS kept by keeping one Datum of a large batch, and interrupt latency.
+Comparing two builds in one run: bench/compare_wheels.py.
 
 Times are medians of >= 5 runs after a warm-up; each run's results are kept
 alive until its clock stops and freed outside it, for every implementation.
@@ -29,8 +39,16 @@ import tinker  # noqa: E402
 import evsys_style  # noqa: E402
 import reference  # noqa: E402
 import tinker_rl_data as trd  # noqa: E402
-from tinker_rl_data.datums import DIRECT_PATH  # noqa: E402
-from workloads import WORKLOADS, Workload, positions  # noqa: E402
+from e2e import NA, features  # noqa: E402
+from workloads import WORKLOADS, Workload, merged_positions, positions, to_cookbook  # noqa: E402
+
+try:  # an internal name: the module may be renamed (issue 10)
+    from tinker_rl_data.datums import DIRECT_PATH  # noqa: E402
+except ImportError:
+    try:
+        from tinker_rl_data._build import DIRECT as DIRECT_PATH  # noqa: E402
+    except ImportError:
+        DIRECT_PATH = "unknown"
 
 def rss_kib() -> int:
     with open("/proc/self/status") as f:
@@ -69,11 +87,14 @@ def memory(workload: str, impl: str, scale: float = 1.0) -> tuple[float, float]:
     import json
     import subprocess
 
-    out = subprocess.run(
+    proc = subprocess.run(
         [sys.executable, __file__, "--memory-probe", workload, impl, str(scale)],
-        check=True, capture_output=True, text=True,
-    ).stdout
-    peak, held = json.loads(out.splitlines()[-1])
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:  # reported, not fatal: the timings are still worth writing
+        print(f"memory probe {workload} {impl} failed:\n{proc.stderr[-2000:]}", file=sys.stderr, flush=True)
+        return None
+    peak, held = json.loads(proc.stdout.splitlines()[-1])
     return peak, held
 
 
@@ -84,8 +105,18 @@ def memory_probe(workload: str, impl: str, scale: float) -> None:
     advantages = trd.compute_advantages(groups)
     calls = {
         "pipeline": lambda: pipeline(trd)(groups),
+        "pipeline_numpy": lambda: pipeline(trd, model_input_tokens="numpy")(groups),
+        "merged": lambda: pipeline(trd, merge_turns=True)(groups),
         "arrays": lambda: trd.assemble_arrays(groups, advantages),
     }
+    if impl.startswith("cookbook"):  # converted before the baseline is taken
+        cb_groups = to_cookbook(groups)
+        if impl == "cookbook":
+            from tinker_cookbook.rl import data_processing as cb
+        else:
+            from tinker_rl_data import cookbook as cb
+        del groups, advantages
+        calls = {impl: lambda: pipeline(cb)(cb_groups)}
     gc.collect()
     before = rss_kib()
     if not reset_hwm():
@@ -147,10 +178,10 @@ def other_thread_share(call, seconds: float = 2.0) -> float:
     return rates[1] / rates[0]
 
 
-def pipeline(module):
+def pipeline(module, **kw):
     def run(groups):
         advantages = module.compute_advantages(groups)
-        return module.assemble_training_data(groups, advantages)
+        return module.assemble_training_data(groups, advantages, **kw)
 
     return run
 
@@ -169,6 +200,10 @@ def row(name, impl, seconds, n_pos, n_datums, refs=(None, None), mem=None):
     }
 
 
+def na_row(name, impl, why):
+    return {"workload": name, "impl": impl, "na": why}
+
+
 def fmt(rows: list[dict]) -> str:
     lines = [
         "| workload | implementation | median ms | ns / position | us / datum | speed-up vs SPEC reference"
@@ -176,6 +211,9 @@ def fmt(rows: list[dict]) -> str:
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
+        if "na" in r:
+            lines.append(f"| {r['workload']} | {r['impl']} | {r['na']} | | | | | |")
+            continue
         ratio = " | ".join(f"{x:.1f}x" if x else "" for x in r["ratios"])
         mem = ""
         if r["mem"]:
@@ -187,13 +225,312 @@ def fmt(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def ratio_cell(num, den, target=None) -> str:
+    if num is None or den is None:
+        return NA
+    r = num / den
+    return f"{r:.2f}x" + (f" (target <= {target}x)" if target else "")
+
+
+def floor_section(floor_rows) -> list[str]:
+    """Issue 9: assembly alone (advantages given) in numpy mode against
+    CPython reading every input int and float once."""
+    lines = [
+        "## Assembly alone against the CPython read floor",
+        "",
+        "assemble_training_data with the advantages already computed, against `floor: sum() over every",
+        "input list` above (same run). Issue 9's target: numpy mode <= 1.3x the floor.",
+        "",
+        "| workload | list model input ms | numpy model input ms | read floor ms | list / floor | numpy / floor |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, _n_pos, asm_list, asm_np, floor in floor_rows:
+        np_ms = f"{asm_np * 1e3:.1f}" if asm_np else NA
+        lines.append(f"| {name} | {asm_list * 1e3:.1f} | {np_ms} | {floor * 1e3:.1f} | "
+                     f"{asm_list / floor:.2f}x | {ratio_cell(asm_np, floor, 1.3)} |")
+    return ["\n".join(lines)]
+
+
+def count_sent(datums) -> int:
+    return sum(d.model_input.length for d in datums)
+
+
+def merge_section(feat, repeats) -> list[str]:
+    """Issue 8: merge_turns=True on multi_turn_agent against the per-turn call."""
+    groups = WORKLOADS["multi_turn_agent"].build()
+    advantages = trd.compute_advantages(groups)
+    n_pos, n_datums = positions(groups)
+    m_pos, m_datums = merged_positions(groups)
+    lines = [
+        "## merge_turns on multi_turn_agent",
+        "",
+        f"Per-turn rows: {n_pos:,} positions in {n_datums} datums; merged (SPEC §6, counted in plain Python):",
+        f"{m_pos:,} positions in {m_datums} datums ({m_pos / n_pos:.2f} of the positions). Advantages given;",
+        "the merged call reads the same input and writes the merged rows. Issue 8's target: <= 1.3x.",
+        "",
+        "| call | per-turn ms | merge_turns=True ms | merged / per-turn | positions out (per-turn -> merged) |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
+    calls = [("assemble_training_data", trd.assemble_training_data, feat["merge_turns"], {}),
+             ("assemble_arrays", trd.assemble_arrays, feat["merge_turns_arrays"], {})]
+    if feat["numpy_tokens"] is None:
+        calls.append(('assemble_training_data, model_input_tokens="numpy"', trd.assemble_training_data,
+                      feat["merge_turns"], {"model_input_tokens": "numpy"}))
+    for label, fn, why, kw in calls:
+        per_turn = statistics.median(timed(lambda: fn(groups, advantages, **kw), repeats))
+        if why:
+            lines.append(f"| {label} | {per_turn * 1e3:.1f} | {why} | | |")
+            continue
+        try:
+            merged = statistics.median(timed(lambda: fn(groups, advantages, merge_turns=True, **kw), repeats))
+            out = fn(groups, advantages, merge_turns=True, **kw)
+            sent = int(len(out.input_tokens)) if hasattr(out, "input_tokens") else count_sent(out[0])
+            del out
+        except Exception as exc:
+            lines.append(f"| {label} | {per_turn * 1e3:.1f} | failed: {type(exc).__name__}: {exc} | | |")
+            continue
+        lines.append(f"| {label} | {per_turn * 1e3:.1f} | {merged * 1e3:.1f} | "
+                     f"{ratio_cell(merged, per_turn, 1.3)} | {n_pos:,} -> {sent:,} |")
+    del groups, advantages
+    gc.collect()
+    return ["\n".join(lines)]
+
+
+def interleaved(fn_a, fn_b, repeats: int) -> tuple[float, float]:
+    """Medians of two calls timed alternately (one warm-up each), so that
+    the drift of a shared machine hits both alike."""
+    fn_a(), fn_b()
+    ta, tb = [], []
+    for _ in range(repeats):
+        for fn, out in ((fn_a, ta), (fn_b, tb)):
+            t0 = time.perf_counter()
+            result = fn()
+            out.append(time.perf_counter() - t0)
+            del result
+    return statistics.median(ta), statistics.median(tb)
+
+
+def advantages_section(feat, small, repeats) -> list[str]:
+    """Issue 8: the estimators and the filter against today's compute_advantages,
+    each timed alternately with it."""
+    n = len(small) * len(small[0].trajectories)
+    base_fn = lambda: trd.compute_advantages(small)  # noqa: E731
+    lines = [
+        f"## Advantage estimators and the constant-reward filter ({len(small)} groups x {len(small[0].trajectories)})",
+        "",
+        "Each call timed alternately with the default compute_advantages (same run, interleaved).",
+        "Issue 8's target: <= 1.2x.",
+        "",
+        "| call | median ms | ns / trajectory | default compute_advantages ms | vs compute_advantages() |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    variants = [
+        ('baseline="leave_one_out"', lambda: trd.compute_advantages(small, baseline="leave_one_out"),
+         feat["baselines"]),
+        ("scale_by_std=True", lambda: trd.compute_advantages(small, scale_by_std=True), feat["baselines"]),
+        ('baseline="leave_one_out", scale_by_std=True',
+         lambda: trd.compute_advantages(small, baseline="leave_one_out", scale_by_std=True), feat["baselines"]),
+        ("remove_constant_reward_groups(groups)",
+         lambda: trd.remove_constant_reward_groups(small), feat["remove_constant_reward_groups"]),
+    ]
+    for label, fn, why in variants:
+        if why:
+            lines.append(f"| {label} | {why} | | | |")
+            continue
+        try:
+            base, t = interleaved(base_fn, fn, repeats)
+        except Exception as exc:
+            lines.append(f"| {label} | failed: {type(exc).__name__}: {exc} | | | |")
+            continue
+        lines.append(f"| {label} | {t * 1e3:.2f} | {t / n * 1e9:.0f} | {base * 1e3:.2f} | "
+                     f"{ratio_cell(t, base, 1.2)} |")
+    return ["\n".join(lines)]
+
+
+COOKBOOK_TARGETS = {"single_turn_long": 40, "multi_turn_agent": 25, "many_short": 20}
+
+
+def cookbook_section(feat, repeats) -> list[str]:
+    """Issue 7: tinker_rl_data.cookbook against tinker-cookbook 0.6.1's own
+    compute_advantages + assemble_training_data (provenance on)."""
+    head = [
+        "## tinker-cookbook drop-in (tinker_rl_data.cookbook)",
+        "",
+        "compute_advantages + assemble_training_data (include_provenance=True, the default) on the SPEC §5",
+        "rollouts converted to tinker-cookbook 0.6.1 types (outside the clock; multi_turn_agent's",
+        "observations extend the previous turn, so both merge it). ns / position counts the per-turn",
+        "positions of SPEC §5. Issue 7's targets: >= 40x / 25x / 20x; peak memory <= 1.2x the result.",
+        "",
+    ]
+    if feat["tinker_cookbook"]:
+        return ["\n".join(head + [f"Not measured: tinker-cookbook {feat['tinker_cookbook']}."])]
+    from tinker_cookbook.rl import data_processing as cb
+
+    lines = head + [
+        "| workload | positions sent | tinker-cookbook ms | ns / position | tinker_rl_data.cookbook ms | ns / position"
+        " | speed-up | peak RSS growth / result: cookbook | ours |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    ours_mod = None
+    if feat["trd_cookbook"] is None:
+        from tinker_rl_data import cookbook as ours_mod
+    for name in WORKLOADS:
+        groups = WORKLOADS[name].build()
+        n_pos, _ = positions(groups)
+        cb_groups = to_cookbook(groups)
+        del groups
+        theirs = statistics.median(timed(lambda: pipeline(cb)(cb_groups), repeats))
+        sent = count_sent(pipeline(cb)(cb_groups)[0])
+        mem_theirs = mem_cell(memory(name, "cookbook"))
+        if ours_mod is None:
+            ours_cells = f"{feat['trd_cookbook']} | | | {mem_theirs} | |"
+        else:
+            try:
+                ours = statistics.median(timed(lambda: pipeline(ours_mod)(cb_groups), repeats))
+                target = COOKBOOK_TARGETS[name]
+                ours_cells = (f"{ours * 1e3:.1f} | {ours / n_pos * 1e9:.1f} | {theirs / ours:.1f}x (target >= {target}x)"
+                              f" | {mem_theirs} | {mem_cell(memory(name, 'cookbook_ours'))} |")
+            except Exception as exc:
+                ours_cells = f"failed: {type(exc).__name__}: {exc} | | | {mem_theirs} | |"
+        lines.append(f"| {name} | {sent:,} | {theirs * 1e3:.1f} | {theirs / n_pos * 1e9:.1f} | {ours_cells}")
+        print(lines[-1], flush=True)
+        del cb_groups
+        gc.collect()
+    return ["\n".join(lines)]
+
+
+def mem_cell(m) -> str:
+    if m is None:
+        return "probe failed"
+    peak, held = m
+    return f"{peak:.0f} / {held:.0f} MiB = {peak / held:.2f}" if held > 0 else f"{peak:.0f} MiB"
+
+
+def e2e_section(repeats) -> list[str]:
+    import e2e
+
+    result = e2e.run(list(WORKLOADS), repeats, log=lambda s: print(s, flush=True))
+    return [e2e.markdown(result)]
+
+
+def retention_probe(mode: str) -> None:
+    """Keep one Datum per step of a 6.3 M-position batch (4x single_turn_long)
+    for 4 steps; print the RSS kept per step, MiB."""
+    import json
+
+    groups = WORKLOADS["single_turn_long"].build(scale=4)
+    advantages = trd.compute_advantages(groups)
+    kw = {"model_input_tokens": "numpy"} if mode == "numpy" else {}
+    module = evsys_style if mode == "port" else trd
+    kept = []
+    module.assemble_training_data(groups, advantages, **kw)  # warm-up
+    gc.collect()
+    before = rss_kib()
+    steps = 4
+    for _ in range(steps):
+        datums, _meta = module.assemble_training_data(groups, advantages, **kw)
+        kept.append(datums[0])
+        del datums, _meta
+        gc.collect()
+    print(json.dumps((rss_kib() - before) / 1024 / steps))
+
+
+def retention_section(feat) -> list[str]:
+    """Issue 11: RSS kept per step by keeping one Datum of a large batch."""
+    import json
+    import subprocess
+
+    lines = [
+        "## Keeping one Datum of a large batch",
+        "",
+        "Each of 4 steps assembles 4x single_turn_long (6.3 M positions) and keeps its first Datum (a",
+        "replay buffer, a logged sample); RSS kept per step, fresh process. One Datum's own arrays are",
+        "24 KiB (1,535 positions x (8 + 4 + 4) bytes), its model-input list 12 KiB of pointers.",
+        "",
+        "| path | RSS kept per step |",
+        "| --- | ---: |",
+    ]
+    modes = [("tinker_rl_data, list model input", "list", None),
+             ('tinker_rl_data, model_input_tokens="numpy"', "numpy", feat["numpy_tokens"]),
+             ("evsys-style port (tinker's public constructors)", "port", None)]
+    for label, mode, why in modes:
+        if why:
+            lines.append(f"| {label} | {why} |")
+            continue
+        out = subprocess.run([sys.executable, __file__, "--retention-probe", mode],
+                             check=True, capture_output=True, text=True).stdout
+        lines.append(f"| {label} | {json.loads(out.splitlines()[-1]):.1f} MiB |")
+        print(lines[-1], flush=True)
+    return ["\n".join(lines)]
+
+
+def interrupt_section() -> list[str]:
+    """Issue 11: how soon a signal's KeyboardInterrupt arrives during a long
+    assemble_training_data call (SIGALRM from setitimer, so the time the
+    signal was sent is known without another thread needing the GIL)."""
+    import signal
+
+    groups = WORKLOADS["single_turn_long"].build(scale=8)
+    advantages = trd.compute_advantages(groups)
+    t = statistics.median(timed(lambda: trd.assemble_training_data(groups, advantages), 3))
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, handler)
+    latencies, finished = [], 0
+    try:
+        for frac in (0.1, 0.3, 0.5, 0.7, 0.2, 0.4):
+            gc.collect()
+            delay = t * frac
+            t0 = time.perf_counter()
+            signal.setitimer(signal.ITIMER_REAL, delay)
+            try:
+                result = trd.assemble_training_data(groups, advantages)
+                t1 = time.perf_counter()
+                del result
+                finished += 1
+                try:  # the interrupt arrives here, after the call
+                    time.sleep(1.0)
+                except KeyboardInterrupt:
+                    pass
+                latencies.append(t1 - t0 - delay)
+            except KeyboardInterrupt:
+                latencies.append(time.perf_counter() - t0 - delay)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    n_pos, _ = positions(groups)
+    del groups, advantages
+    gc.collect()
+    lines = [
+        "## Interrupt latency",
+        "",
+        f"assemble_training_data on 8x single_turn_long ({n_pos:,} positions, {t * 1e3:.0f} ms a call); a",
+        "SIGALRM whose handler raises KeyboardInterrupt is sent at 10-70% of the call. Latency: from the",
+        "signal to the exception (or to the call's return, when the call did not notice it).",
+        "",
+        f"- median latency {statistics.median(latencies) * 1e3:.1f} ms, max {max(latencies) * 1e3:.1f} ms "
+        f"({max(latencies) / t * 100:.0f}% of the call); {finished} of {len(latencies)} calls returned a result "
+        "before the exception. Issue 11's target: within 0.1 s or 10% of the call.",
+    ]
+    print(lines[-1], flush=True)
+    return ["\n".join(lines)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller scaling series")
     parser.add_argument("--no-50m", action="store_true", help="skip the 50 M position run")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--memory-probe", nargs=3, metavar=("WORKLOAD", "IMPL", "SCALE"), help=argparse.SUPPRESS)
+    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md",
+                        help="where to write the results (the chart is written only with the default)")
+    parser.add_argument("--retention-probe", metavar="MODE", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.retention_probe:
+        retention_probe(args.retention_probe)
+        return
     if args.memory_probe:
         workload, impl, scale = args.memory_probe
         memory_probe(workload, impl, float(scale))
@@ -202,6 +539,8 @@ def main() -> None:
     assert gc.isenabled()
     rows: list[dict] = []
 
+    feat = features()
+    floor_rows: list[tuple] = []
     for name, workload in WORKLOADS.items():
         groups = workload.build()
         n_pos, n_datums = positions(groups)
@@ -214,18 +553,36 @@ def main() -> None:
         rows.append(row(name, "reference (plain Python, SPEC, checks every value)", ref, n_pos, n_datums))
         rows.append(row(name, "evsys-style port (plain Python, no checks)", port, n_pos, n_datums))
         rows.append(row(name, "tinker_rl_data", ours, n_pos, n_datums, refs, memory(name, "pipeline")))
+        numpy_label = 'tinker_rl_data, model_input_tokens="numpy"'
+        if feat["numpy_tokens"] is None:
+            ours_np = timed(lambda: pipeline(trd, model_input_tokens="numpy")(groups), repeats)
+            rows.append(row(name, numpy_label, ours_np, n_pos, n_datums, refs, memory(name, "pipeline_numpy")))
+        else:
+            rows.append(na_row(name, numpy_label, feat["numpy_tokens"]))
         rows.append(
             row(name, "tinker_rl_data.assemble_arrays", arrays, n_pos, n_datums, refs, memory(name, "arrays"))
         )
+        floors = {}
         for label, fn in [
             ("floor: sum() over every input list", read_floor),
             ("floor: P + C[:-1] for every turn", list_floor),
         ]:
-            rows.append(row(name, label, timed(lambda: fn(groups), repeats), n_pos, n_datums, refs))
-        print("\n".join(fmt(rows[-6:]).splitlines()[2:]), flush=True)
+            floors[fn] = timed(lambda: fn(groups), repeats)
+            rows.append(row(name, label, floors[fn], n_pos, n_datums, refs))
+        # Assembly alone (advantages given), list and numpy model input, against the read floor.
+        asm_list = timed(lambda: trd.assemble_training_data(groups, advantages), repeats)
+        asm_np = None
+        if feat["numpy_tokens"] is None:
+            asm_np = timed(lambda: trd.assemble_training_data(groups, advantages, model_input_tokens="numpy"), repeats)
+        floor_rows.append((name, n_pos, statistics.median(asm_list), asm_np and statistics.median(asm_np),
+                           statistics.median(floors[read_floor])))
+        print("\n".join(fmt(rows[-7:]).splitlines()[2:]), flush=True)
         del groups, advantages
         gc.collect()
 
+    extra: list[str] = []
+    extra += floor_section(floor_rows)
+    extra += merge_section(feat, repeats)
     # Advantages and metrics alone, on many small groups.
     small = Workload("advantages_4096x16", 4096, 16, 1, 4, 4).build()
     n_traj = 4096 * 16
@@ -237,7 +594,12 @@ def main() -> None:
         rows.append(row(f"{fn} 4096x16", "reference (plain Python, SPEC, checks every value)", ref, n_traj, n_traj))
         rows.append(row(f"{fn} 4096x16", "evsys-style port (plain Python, no checks)", port, n_traj, n_traj))
         rows.append(row(f"{fn} 4096x16", "tinker_rl_data", ours, n_traj, n_traj, refs))
+    extra += advantages_section(feat, small, repeats * 2)
     del small
+    extra += cookbook_section(feat, repeats)
+    extra += e2e_section(repeats)
+    extra += retention_section(feat)
+    extra += interrupt_section()
 
     # How much of a call other Python threads (rollout workers) get to run.
     groups = WORKLOADS["single_turn_long"].build()
@@ -267,14 +629,14 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         del result, groups
         gc.collect()
-        peak, held = memory("single_turn_long", "pipeline", scale)
+        peak, held = memory("single_turn_long", "pipeline", scale) or (float("nan"), float("nan"))
         big = (n_pos, n_datums, seconds, peak, held)
         print(f"50M run: {n_pos:,} positions in {seconds:.2f} s", flush=True)
 
-    write_results(rows, scaling, big, repeats, gil)
+    write_results(rows, scaling, big, repeats, gil, extra, args.results)
 
 
-def write_results(rows, scaling, big, repeats, gil) -> None:
+def write_results(rows, scaling, big, repeats, gil, extra=(), out: Path = HERE / "RESULTS.md") -> None:
     per_pos = [s[2] for s in scaling]
     spread = (max(per_pos) / min(per_pos) - 1) * 100 if per_pos else float("nan")
     mid = statistics.median(per_pos) if per_pos else float("nan")
@@ -317,9 +679,13 @@ def write_results(rows, scaling, big, repeats, gil) -> None:
         n_pos, n_datums, secs, peak, held = big
         lines += ["", f"50 M run: {n_pos:,} positions, {n_datums:,} datums in {secs:.2f} s; "
                   f"peak RSS growth {peak:.0f} MiB, held by the result {held:.0f} MiB."]
+    for block in extra:
+        lines += ["", *block.splitlines()]
     text = "\n".join(lines) + "\n"
-    (HERE / "RESULTS.md").write_text(text)
+    out.write_text(text)
     print(text)
+    if out.resolve() != (HERE / "RESULTS.md").resolve():
+        return
     try:
         import matplotlib
 
