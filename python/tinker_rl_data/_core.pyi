@@ -79,10 +79,9 @@ def assemble_datums(
     numpy_tokens: bool,
 ) -> BuiltDatums: ...
 def assemble_cookbook(
-    groups: Any, advantages: Any, include_provenance: bool, classes: tuple[type, type, type, type, type]
-) -> tuple[
-    list[Any],
-    list[tuple[int, int]],
-    list[tuple[list[tuple[Any, int, int, bool]], list[tuple[Any, int, int, bool]]] | None],
-]: ...
+    groups: Any,
+    advantages: Any,
+    classes: tuple[type, type, type, type, type],
+    span_classes: tuple[type, type] | None,
+) -> tuple[list[Any], list[tuple[int, int]]]: ...
 def _panic_probe() -> None: ...

@@ -189,22 +189,6 @@ def _core_classes() -> tuple[type, ...]:
     return _classes
 
 
-def _span(entry: Sequence[Any]) -> Any:
-    """A provenance span from the core's tuple: ``(sequence_id, offset, length)``
-    with offset None for ``SampledProvenanceSpan(sequence_id, length)``, else a
-    ``PromptProvenanceSpan``; or ``(sequence_id, offset, length, sampled)``."""
-    import tinker
-
-    if len(entry) == 4:
-        sequence_id, offset, length, sampled = entry
-        cls = tinker.SampledProvenanceSpan if sampled else tinker.PromptProvenanceSpan
-        return cls(sequence_id=sequence_id, offset=offset, length=length)
-    sequence_id, offset, length = entry
-    if offset is None:
-        return tinker.SampledProvenanceSpan(sequence_id=sequence_id, length=length)
-    return tinker.PromptProvenanceSpan(sequence_id=sequence_id, offset=offset, length=length)
-
-
 def _assemble(
     groups: list[Any], advantages: list[list[float]], include_provenance: bool, strip_location: str = ""
 ) -> tuple[list[Any], list[tuple[int, int]]]:
@@ -212,20 +196,16 @@ def _assemble(
     assemble = getattr(_core, "assemble_cookbook", None)
     if assemble is None:
         raise NotImplementedError("this build of tinker_rl_data has no _core.assemble_cookbook")
+    import tinker
+
+    span_classes = (tinker.PromptProvenanceSpan, tinker.SampledProvenanceSpan) if include_provenance else None
     try:
-        datums, pairs, provenance = assemble(groups, advantages, bool(include_provenance), _core_classes())
+        datums, pairs = assemble(groups, advantages, _core_classes(), span_classes)
     except ValueError as exc:
         message = str(exc)
         if strip_location and message.startswith(strip_location):
             message = message[len(strip_location) :]
         raise _data_validation_error()(message) from exc
-    for i, spans in enumerate(provenance):
-        if spans is not None:
-            model_input_spans, target_spans = spans
-            datums[i] = datums[i].with_provenance(
-                model_input=[_span(s) for s in model_input_spans],
-                loss_fn_inputs=[_span(s) for s in target_spans],
-            )
     return datums, pairs
 
 

@@ -108,6 +108,7 @@ pub fn evsys_datums<'py>(
             };
             rows.push(FilledRow {
                 model_input: ModelInputOut::Tokens(tokens),
+                provenance: None,
                 loss_inputs: vec![
                     LossInput {
                         key: "target_tokens",

@@ -107,6 +107,8 @@ pub struct LossInput<'py> {
 pub struct FilledRow<'py> {
     pub model_input: ModelInputOut<'py>,
     pub loss_inputs: Vec<LossInput<'py>>,
+    /// `(model_input_spans, loss_fn_input_spans)`, when it has provenance.
+    pub provenance: Option<(Bound<'py, PyList>, Bound<'py, PyList>)>,
     /// Positions (`len(S) - 1`).
     pub n: usize,
     pub group: usize,
@@ -243,13 +245,41 @@ pub fn datum<'py>(classes: &DatumClasses<'py>, row: FilledRow<'py>) -> PyResult<
         )?;
     }
     let none = py.None().into_bound(py);
+    let (input_spans, target_spans) = match &row.provenance {
+        Some((inputs, targets)) => (inputs.as_any(), targets.as_any()),
+        None => (&none, &none),
+    };
     dataclass(
         &classes.datum,
         [
             (intern!(py, "model_input"), &model_input),
             (intern!(py, "loss_fn_inputs"), loss_fn_inputs.as_any()),
-            (intern!(py, "model_input_spans"), &none),
-            (intern!(py, "loss_fn_input_spans"), &none),
+            (intern!(py, "model_input_spans"), input_spans),
+            (intern!(py, "loss_fn_input_spans"), target_spans),
+        ],
+    )
+}
+
+/// tinker's `PromptProvenanceSpan` and `SampledProvenanceSpan`.
+pub struct SpanClasses<'py> {
+    pub prompt: Bound<'py, PyType>,
+    pub sampled: Bound<'py, PyType>,
+}
+
+/// A provenance span (a frozen dataclass) with its fields set as its
+/// `__init__` sets them; the caller has checked what `__post_init__` would.
+pub fn span<'py>(
+    classes: &SpanClasses<'py>,
+    (sequence_id, offset, length, sampled): (&Bound<'py, PyAny>, usize, usize, bool),
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = classes.prompt.py();
+    let cls = if sampled { &classes.sampled } else { &classes.prompt };
+    dataclass(
+        cls,
+        [
+            (intern!(py, "sequence_id"), sequence_id),
+            (intern!(py, "offset"), &offset.into_pyobject(py)?.into_any()),
+            (intern!(py, "length"), &length.into_pyobject(py)?.into_any()),
         ],
     )
 }

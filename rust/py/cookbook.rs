@@ -19,7 +19,7 @@ use pyo3::types::{PyFloat, PyList, PyTuple};
 
 use crate::error::{ErrorKind, InputError, Location, StepName};
 use crate::plan::{plan_rows, Keep, Merge, Piece, Plan, Row, Trajectory, TurnSpan};
-use crate::py::build::{self, Column, DatumClasses, FilledRow, GcPaused, LossInput, ModelInputOut};
+use crate::py::build::{self, Column, DatumClasses, FilledRow, GcPaused, LossInput, ModelInputOut, SpanClasses};
 use crate::py::read::{any_real, attr, token_at, Item, ItemKind, Items, MAX_TOKEN};
 use crate::rows::{fill_row, Inputs, RowOut};
 
@@ -197,7 +197,7 @@ fn contributions(pieces: &[Piece], row: &Row) -> Vec<(usize, usize)> {
     out
 }
 
-/// `(sequence_id, offset, length, sampled)`, as `cookbook.py` makes spans.
+/// `(sequence_id, offset, length, sampled)`.
 type Span<'py> = (Bound<'py, PyAny>, usize, usize, bool);
 
 /// `(model_input spans, target spans)`.
@@ -394,8 +394,8 @@ fn cookbook_row<'py>(
     row: &Row,
     pieces: &[Piece],
     (g, t, advantage): (usize, usize, f32),
-    include_provenance: bool,
-) -> PyResult<(FilledRow<'py>, Option<Provenance<'py>>)> {
+    span_classes: Option<&SpanClasses<'py>>,
+) -> PyResult<FilledRow<'py>> {
     let py = classes.datum.py();
     let at = Location::turn(g, t, row.first_turn).named(StepName::Transition);
     let last = pieces.last().map_or(0, |p| traj.plain.elements[p.elements.end - 1]);
@@ -411,10 +411,9 @@ fn cookbook_row<'py>(
     let parts = contributions(pieces, row);
     // The cookbook makes the spans while it reads each transition, so their
     // errors come before those of building the row.
-    let spans = if include_provenance {
-        provenance(traj, row, &parts, at)?
-    } else {
-        None
+    let spans = match span_classes {
+        Some(classes) => provenance(traj, row, &parts, at)?.map(|spans| (classes, spans)),
+        None => None,
     };
     if last < 0 {
         let message = "the datum's last chunk must be a text chunk (images carry no loss; remove them first)";
@@ -468,8 +467,20 @@ fn cookbook_row<'py>(
             Column::<i64>::zeros(py, n).into_array().into_any(),
         )
     };
+    let span_list = |classes: &SpanClasses<'py>, spans: &[Span<'py>]| -> PyResult<Bound<'py, PyList>> {
+        let objects = PyList::empty(py);
+        for &(ref id, offset, length, sampled) in spans {
+            objects.append(build::span(classes, (id, offset, length, sampled))?)?;
+        }
+        Ok(objects)
+    };
+    let provenance = match spans {
+        Some((classes, (inputs, targets))) => Some((span_list(classes, &inputs)?, span_list(classes, &targets)?)),
+        None => None,
+    };
     let filled = FilledRow {
         model_input: ModelInputOut::Chunks(input_chunks(classes, traj, pieces, &zero_width, n)?),
+        provenance,
         loss_inputs: vec![
             loss_input("target_tokens", "int64", targets.into_array().into_any()),
             logprobs,
@@ -482,7 +493,7 @@ fn cookbook_row<'py>(
         first_turn: row.first_turn,
         n_turns: row.n_turns,
     };
-    Ok((filled, spans))
+    Ok(filled)
 }
 
 /// When reading transition `u` failed: checks the rows the cookbook would
@@ -493,7 +504,7 @@ fn rows_before_the_error<'py>(
     traj: &mut TrajectoryIn<'py>,
     plan: &mut Plan,
     place: (usize, usize, f32),
-    include_provenance: bool,
+    span_classes: Option<&SpanClasses<'py>>,
 ) -> PyResult<()> {
     let u = traj.transitions.len();
     traj.plain.turns.truncate(u);
@@ -515,19 +526,20 @@ fn rows_before_the_error<'py>(
         before_u.len().saturating_sub(1)
     };
     for row in &before_u[..closed] {
-        cookbook_row(classes, traj, row, plan.pieces_of(row), place, include_provenance)?;
+        cookbook_row(classes, traj, row, plan.pieces_of(row), place, span_classes)?;
     }
     Ok(())
 }
 
-/// Datums (keys `target_tokens`, `logprobs`, `advantages`, `mask`), each
-/// datum's `(group, trajectory)`, and its provenance spans or `None`.
+/// Datums (keys `target_tokens`, `logprobs`, `advantages`, `mask`, with
+/// provenance spans where the cookbook attaches them, when `span_classes`
+/// are given), and each datum's `(group, trajectory)`.
 pub fn cookbook_datums<'py>(
     groups: &Bound<'py, PyAny>,
     advantages: &Bound<'py, PyAny>,
-    include_provenance: bool,
     classes: &DatumClasses<'py>,
-) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>)> {
+    span_classes: Option<&SpanClasses<'py>>,
+) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
     let py = groups.py();
     let groups = Items::of(groups, "trajectory_groups", ItemKind::Object, Location::BATCH)?;
     let advantages = Items::of(advantages, "advantages", ItemKind::Rows, Location::BATCH)?;
@@ -550,7 +562,7 @@ pub fn cookbook_datums<'py>(
             let advantage = any_real(&group_advantages.get(t)?, "advantage", item, at)?.0 as f32;
             let mut traj = TrajectoryIn::default();
             if let Err(e) = read_trajectory(&trajectories.get(t)?, classes.chunk.as_any(), g, t, &mut traj) {
-                rows_before_the_error(classes, &mut traj, &mut plan, (g, t, advantage), include_provenance)?;
+                rows_before_the_error(classes, &mut traj, &mut plan, (g, t, advantage), span_classes)?;
                 return Err(e);
             }
             plan_rows(&traj.plain, Merge::WhilePromptExtends, Keep::NonEmpty, &mut plan);
@@ -562,22 +574,17 @@ pub fn cookbook_datums<'py>(
                     row,
                     pieces,
                     (g, t, advantage),
-                    include_provenance,
+                    span_classes,
                 )?);
             }
         }
     }
     let datums = PyList::empty(py);
     let pairs = PyList::empty(py);
-    let spans_out = PyList::empty(py);
     let _gc = GcPaused::new(py);
-    for (row, spans) in rows {
+    for row in rows {
         pairs.append(PyTuple::new(py, [row.group, row.trajectory])?)?;
-        spans_out.append(match spans {
-            Some(spans) => spans.into_pyobject(py)?.into_any(),
-            None => py.None().into_bound(py),
-        })?;
         datums.append(build::datum(classes, row)?)?;
     }
-    Ok((datums, pairs, spans_out))
+    Ok((datums, pairs))
 }

@@ -4,12 +4,12 @@
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyList, PyTuple, PyType};
 
 use crate::advantages::{extend_group_advantages, is_constant, reward_stats, AdvantageRule, Baseline};
 use crate::error::Location;
 use crate::py::assemble::{self, ModelInputKind, Options};
-use crate::py::build::{ClassTuple, DatumClasses};
+use crate::py::build::{ClassTuple, DatumClasses, SpanClasses};
 use crate::py::cookbook::cookbook_datums;
 use crate::py::errors::guarded;
 use crate::py::evsys::{read_rewards, FitReport};
@@ -189,21 +189,22 @@ pub fn py_assemble_datums<'py>(
     })
 }
 
-/// tinker-cookbook's rows: `(datums, [(group, trajectory)], provenance)`,
-/// provenance per datum `None` or `(model_input spans, target spans)` of
-/// `(sequence_id, offset, length, sampled)`.
+/// tinker-cookbook's rows: `(datums, [(group, trajectory)])`; provenance
+/// spans attached where the cookbook attaches them when `span_classes`
+/// (`PromptProvenanceSpan`, `SampledProvenanceSpan`) are given.
 #[pyfunction(name = "assemble_cookbook")]
 pub fn py_assemble_cookbook<'py>(
     groups: &Bound<'py, PyAny>,
     advantages: &Bound<'py, PyAny>,
-    include_provenance: bool,
     classes: ClassTuple<'py>,
+    span_classes: Option<(Bound<'py, PyType>, Bound<'py, PyType>)>,
 ) -> PyResult<Bound<'py, PyTuple>> {
     guarded(|| {
         let py = groups.py();
         let classes = DatumClasses::from(classes);
-        let (datums, pairs, provenance) = cookbook_datums(groups, advantages, include_provenance, &classes)?;
-        PyTuple::new(py, [datums.into_any(), pairs.into_any(), provenance.into_any()])
+        let span_classes = span_classes.map(|(prompt, sampled)| SpanClasses { prompt, sampled });
+        let (datums, pairs) = cookbook_datums(groups, advantages, &classes, span_classes.as_ref())?;
+        PyTuple::new(py, [datums.into_any(), pairs.into_any()])
     })
 }
 
