@@ -76,6 +76,80 @@ fn chunk_id<'py>(chunks: &mut Vec<Bound<'py, PyAny>>, chunk: Bound<'py, PyAny>) 
     Ok(chunks.len() - 1)
 }
 
+/// Whether the transition was flagged for masking after a parse error
+/// (`float(metrics.get("parse_error_masked", 0.0)) >= 1`, as the cookbook reads it).
+fn parse_error_masked(transition: &Bound<'_, PyAny>, at: Location) -> PyResult<bool> {
+    let py = transition.py();
+    let metrics = attr(transition, intern!(py, "metrics"), at)?;
+    let flag = metrics.call_method1(intern!(py, "get"), (intern!(py, "parse_error_masked"), 0.0))?;
+    let flag = match flag.cast_exact::<PyFloat>() {
+        Ok(f) => f.value(),
+        // float() of anything else, a str "1" included.
+        Err(_) => py.get_type::<PyFloat>().call1((flag,))?.extract::<f64>()?,
+    };
+    Ok(flag >= 1.0)
+}
+
+/// A transition's observation into `out`'s elements: tokens, and each
+/// non-text chunk as opaque elements.
+fn read_observation<'py>(
+    transition: &Bound<'py, PyAny>,
+    text_chunk: &Bound<'py, PyAny>,
+    at: Location,
+    out: &mut TrajectoryIn<'py>,
+) -> PyResult<()> {
+    let py = transition.py();
+    let limit = MAX_TOKEN + 1;
+    let start = out.plain.elements.len();
+    let ob = attr(transition, intern!(py, "ob"), at)?;
+    let chunks = Items::of(
+        &attr(&ob, intern!(py, "chunks"), at)?,
+        "ob.chunks",
+        ItemKind::Object,
+        at,
+    )?;
+    let mut length_error = None;
+    for c in 0..chunks.len() {
+        let chunk = chunks.get(c)?;
+        // The exact class first: pydantic's isinstance goes through ABCMeta.
+        if chunk.get_type().is(text_chunk) || chunk.is_instance(text_chunk)? {
+            let tokens = Items::of(
+                &attr(&chunk, intern!(py, "tokens"), at)?,
+                "ob tokens",
+                ItemKind::Token,
+                at,
+            )?;
+            for i in 0..tokens.len() {
+                out.plain.elements.push(token_at(&tokens, i, "ob tokens", limit, at)?.0);
+            }
+        } else {
+            // The cookbook asks a chunk its length only after it has acted
+            // on the observation (closing the row before it): an error here
+            // is raised once the observation is laid out, as if of length 1.
+            let length = match attr(&chunk, intern!(py, "length"), at).and_then(|l| l.extract::<usize>()) {
+                Ok(length) => length,
+                Err(e) => {
+                    length_error.get_or_insert(e);
+                    1
+                }
+            };
+            let id = chunk_id(&mut out.chunks, chunk)? as i64;
+            if length == 0 {
+                out.plain.elements.push(ZERO_WIDTH - id);
+                out.has_zero_width = true;
+            } else {
+                out.plain.elements.push(-id - 1);
+                out.plain.elements.extend(std::iter::repeat_n(CONTINUATION, length - 1));
+            }
+        }
+    }
+    out.pending_ob = Some(start..out.plain.elements.len());
+    if let Some(e) = length_error {
+        return Err(e);
+    }
+    Ok(())
+}
+
 fn read_trajectory<'py>(
     trajectory: &Bound<'py, PyAny>,
     text_chunk: &Bound<'py, PyAny>,
@@ -96,38 +170,7 @@ fn read_trajectory<'py>(
         let at = Location::turn(g, t, u).named(StepName::Transition);
         let transition = transitions.get(u)?;
         let start = out.plain.elements.len();
-        let ob = attr(&transition, intern!(py, "ob"), at)?;
-        let chunks = Items::of(
-            &attr(&ob, intern!(py, "chunks"), at)?,
-            "ob.chunks",
-            ItemKind::Object,
-            at,
-        )?;
-        for c in 0..chunks.len() {
-            let chunk = chunks.get(c)?;
-            if chunk.is_instance(text_chunk)? {
-                let tokens = Items::of(
-                    &attr(&chunk, intern!(py, "tokens"), at)?,
-                    "ob tokens",
-                    ItemKind::Token,
-                    at,
-                )?;
-                for i in 0..tokens.len() {
-                    out.plain.elements.push(token_at(&tokens, i, "ob tokens", limit, at)?.0);
-                }
-            } else {
-                let length: usize = attr(&chunk, intern!(py, "length"), at)?.extract()?;
-                let id = chunk_id(&mut out.chunks, chunk)? as i64;
-                if length == 0 {
-                    out.plain.elements.push(ZERO_WIDTH - id);
-                    out.has_zero_width = true;
-                } else {
-                    out.plain.elements.push(-id - 1);
-                    out.plain.elements.extend(std::iter::repeat_n(CONTINUATION, length - 1));
-                }
-            }
-        }
-        out.pending_ob = Some(start..out.plain.elements.len());
+        read_observation(&transition, text_chunk, at, out)?;
         let ac = attr(&transition, intern!(py, "ac"), at)?;
         let tokens = Items::of(&attr(&ac, intern!(py, "tokens"), at)?, "ac.tokens", ItemKind::Token, at)?;
         let mid = out.plain.elements.len();
@@ -165,10 +208,7 @@ fn read_trajectory<'py>(
             *dst = v as f32; // torch's float32, overflow to inf included
         }
         let sequence_id = ac.getattr_opt(intern!(py, "sequence_id"))?.filter(|s| !s.is_none());
-        let metrics = attr(&transition, intern!(py, "metrics"), at)?;
-        let flag = metrics.call_method1(intern!(py, "get"), (intern!(py, "parse_error_masked"), 0.0))?;
-        // float() as the cookbook reads it (a str "1" counts too).
-        let masked = py.get_type::<PyFloat>().call1((flag,))?.extract::<f64>()? >= 1.0;
+        let masked = parse_error_masked(&transition, at)?;
         out.plain.turns.push(TurnSpan {
             prompt: start..mid,
             completion: mid..out.plain.elements.len(),
@@ -264,14 +304,22 @@ enum LogprobColumn {
     Int(Vec<i64>),
 }
 
+/// `since`: the first transition whose logprobs the cookbook gathers into
+/// this row (empty transitions before `row.first_turn` add theirs too).
 fn cookbook_logprobs(
     traj: &TrajectoryIn<'_>,
     row: &Row,
+    since: usize,
     parts: &[(usize, usize)],
     at: Location,
 ) -> PyResult<Option<LogprobColumn>> {
-    let transitions = &traj.transitions[row.first_turn..row.first_turn + row.n_turns];
-    let aligned = transitions.iter().zip(parts).all(|(tr, p)| tr.logprobs.len() == p.1);
+    let transitions = &traj.transitions[since..row.first_turn + row.n_turns];
+    let lead = row.first_turn - since;
+    let part = |k: usize| if k < lead { (0, 0) } else { parts[k - lead] };
+    let aligned = transitions
+        .iter()
+        .enumerate()
+        .all(|(k, tr)| tr.logprobs.len() == part(k).1);
     let any_int = transitions
         .iter()
         .any(|tr| traj.raw_is_int[tr.logprobs.clone()].iter().any(|&i| i));
@@ -279,8 +327,8 @@ fn cookbook_logprobs(
         return Ok(None);
     }
     let mut column: Vec<(f64, bool)> = Vec::with_capacity(row.len);
-    for (tr, &(context, _)) in transitions.iter().zip(parts) {
-        column.extend(std::iter::repeat_n((0.0, false), context));
+    for (k, tr) in transitions.iter().enumerate() {
+        column.extend(std::iter::repeat_n((0.0, false), part(k).0));
         let raw = tr.logprobs.clone();
         column.extend(
             traj.raw_logprobs[raw.clone()]
@@ -394,6 +442,7 @@ fn cookbook_row<'py>(
     row: &Row,
     pieces: &[Piece],
     (g, t, advantage): (usize, usize, f32),
+    since: usize,
     span_classes: Option<&SpanClasses<'py>>,
 ) -> PyResult<FilledRow<'py>> {
     let py = classes.datum.py();
@@ -446,7 +495,7 @@ fn cookbook_row<'py>(
     };
     fill_row(pieces, &traj.plain.elements, &traj.logprobs, weights, out);
     let mut logprobs = None;
-    match cookbook_logprobs(traj, row, &parts, at)? {
+    match cookbook_logprobs(traj, row, since, &parts, at)? {
         None => {}
         Some(LogprobColumn::Float(column)) => lps.slice_mut().copy_from_slice(&column),
         Some(LogprobColumn::Int(column)) => {
@@ -518,15 +567,17 @@ fn rows_before_the_error<'py>(
     }
     traj.logprobs.resize(traj.plain.elements.len(), 0.0);
     plan_rows(&traj.plain, Merge::WhilePromptExtends, Keep::NonEmpty, plan);
-    let before_u: Vec<&Row> = plan.rows.iter().filter(|r| r.first_turn + r.n_turns <= u).collect();
-    // Without its observation, the last row before `u` is still open.
-    let closed = if traj.pending_ob.is_some() {
-        before_u.len()
-    } else {
-        before_u.len().saturating_sub(1)
-    };
-    for row in &before_u[..closed] {
-        cookbook_row(classes, traj, row, plan.pieces_of(row), place, span_classes)?;
+    // Closed before `u`: rows that end before it, and the one ending at it
+    // if `u`'s observation (when read) does not extend it.
+    let pending = traj.pending_ob.is_some();
+    let closed = plan.rows.iter().filter(|r| {
+        let end = r.first_turn + r.n_turns;
+        end < u || (pending && end == u)
+    });
+    let mut since = 0;
+    for row in closed {
+        cookbook_row(classes, traj, row, plan.pieces_of(row), place, since, span_classes)?;
+        since = row.first_turn + row.n_turns;
     }
     Ok(())
 }
@@ -566,6 +617,7 @@ pub fn cookbook_datums<'py>(
                 return Err(e);
             }
             plan_rows(&traj.plain, Merge::WhilePromptExtends, Keep::NonEmpty, &mut plan);
+            let mut since = 0;
             for row in &plan.rows {
                 let pieces = plan.pieces_of(row);
                 rows.push(cookbook_row(
@@ -574,8 +626,10 @@ pub fn cookbook_datums<'py>(
                     row,
                     pieces,
                     (g, t, advantage),
+                    since,
                     span_classes,
                 )?);
+                since = row.first_turn + row.n_turns;
             }
         }
     }
