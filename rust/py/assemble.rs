@@ -149,7 +149,7 @@ pub fn evsys_datums<'py>(
             n_turns: row.n_turns,
         };
         metadata.append(build::metadata(&classes.metadata, &meta, &batch.tags[meta.group])?)?;
-        datums.append(build::datum(classes, row)?)?;
+        datums.append(build::datum(classes, None, row)?)?;
     }
     Ok((datums, metadata, fit))
 }

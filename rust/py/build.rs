@@ -81,8 +81,18 @@ impl<'py, T: Element> Column<'py, T> {
 /// or an int32 array), or (tinker-cookbook rows) the chunk list itself.
 pub enum ModelInputOut<'py> {
     Tokens(Bound<'py, PyAny>),
-    Chunks(Bound<'py, PyList>),
+    Chunks(Vec<ChunkOut<'py>>),
 }
+
+/// A chunk of a tinker-cookbook row's model input, made when the Datum is
+/// built (with the GC paused): a run of tokens, or a non-text chunk as given.
+pub enum ChunkOut<'py> {
+    Text(Vec<i64>),
+    Given(Bound<'py, PyAny>),
+}
+
+/// A provenance span as planned: `(sequence_id, offset, length, sampled)`.
+pub type SpanOut<'py> = (Bound<'py, PyAny>, usize, usize, bool);
 
 /// An `EncodedTextChunk` holding `tokens` (a list of ints or an int32 array).
 pub fn text_chunk<'py>(cls: &Bound<'py, PyType>, tokens: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
@@ -108,7 +118,7 @@ pub struct FilledRow<'py> {
     pub model_input: ModelInputOut<'py>,
     pub loss_inputs: Vec<LossInput<'py>>,
     /// `(model_input_spans, loss_fn_input_spans)`, when it has provenance.
-    pub provenance: Option<(Bound<'py, PyList>, Bound<'py, PyList>)>,
+    pub provenance: Option<(Vec<SpanOut<'py>>, Vec<SpanOut<'py>>)>,
     /// Positions (`len(S) - 1`).
     pub n: usize,
     pub group: usize,
@@ -228,11 +238,26 @@ fn tensor<'py>(cls: &Bound<'py, PyType>, input: &LossInput<'py>, n: usize) -> Py
 }
 
 /// The Datum of a row, built directly.
-pub fn datum<'py>(classes: &DatumClasses<'py>, row: FilledRow<'py>) -> PyResult<Bound<'py, PyAny>> {
+/// The Datum of a row, built directly; `spans` makes its provenance spans.
+pub fn datum<'py>(
+    classes: &DatumClasses<'py>,
+    spans: Option<&SpanClasses<'py>>,
+    row: FilledRow<'py>,
+) -> PyResult<Bound<'py, PyAny>> {
     let py = classes.datum.py();
     let chunks = match row.model_input {
         ModelInputOut::Tokens(tokens) => PyList::new(py, [text_chunk(&classes.chunk, &tokens)?])?,
-        ModelInputOut::Chunks(chunks) => chunks,
+        ModelInputOut::Chunks(chunks) => {
+            let list = PyList::empty(py);
+            for chunk in chunks {
+                let chunk = match chunk {
+                    ChunkOut::Text(tokens) => text_chunk(&classes.chunk, PyList::new(py, tokens)?.as_any())?,
+                    ChunkOut::Given(chunk) => chunk,
+                };
+                list.append(chunk)?;
+            }
+            list
+        }
     };
     let input_fields = PyDict::new(py);
     input_fields.set_item(intern!(py, "chunks"), chunks)?;
@@ -245,10 +270,11 @@ pub fn datum<'py>(classes: &DatumClasses<'py>, row: FilledRow<'py>) -> PyResult<
         )?;
     }
     let none = py.None().into_bound(py);
-    let (input_spans, target_spans) = match &row.provenance {
-        Some((inputs, targets)) => (inputs.as_any(), targets.as_any()),
-        None => (&none, &none),
+    let (input_spans, target_spans) = match (&row.provenance, spans) {
+        (Some((inputs, targets)), Some(classes)) => (span_list(classes, inputs)?, span_list(classes, targets)?),
+        _ => (none.clone(), none.clone()),
     };
+    let (input_spans, target_spans) = (&input_spans, &target_spans);
     dataclass(
         &classes.datum,
         [
@@ -266,22 +292,23 @@ pub struct SpanClasses<'py> {
     pub sampled: Bound<'py, PyType>,
 }
 
-/// A provenance span (a frozen dataclass) with its fields set as its
+/// Provenance spans (frozen dataclasses) with their fields set as their
 /// `__init__` sets them; the caller has checked what `__post_init__` would.
-pub fn span<'py>(
-    classes: &SpanClasses<'py>,
-    (sequence_id, offset, length, sampled): (&Bound<'py, PyAny>, usize, usize, bool),
-) -> PyResult<Bound<'py, PyAny>> {
+fn span_list<'py>(classes: &SpanClasses<'py>, spans: &[SpanOut<'py>]) -> PyResult<Bound<'py, PyAny>> {
     let py = classes.prompt.py();
-    let cls = if sampled { &classes.sampled } else { &classes.prompt };
-    dataclass(
-        cls,
-        [
-            (intern!(py, "sequence_id"), sequence_id),
-            (intern!(py, "offset"), &offset.into_pyobject(py)?.into_any()),
-            (intern!(py, "length"), &length.into_pyobject(py)?.into_any()),
-        ],
-    )
+    let list = PyList::empty(py);
+    for (sequence_id, offset, length, sampled) in spans {
+        let cls = if *sampled { &classes.sampled } else { &classes.prompt };
+        list.append(dataclass(
+            cls,
+            [
+                (intern!(py, "sequence_id"), sequence_id),
+                (intern!(py, "offset"), &offset.into_pyobject(py)?.into_any()),
+                (intern!(py, "length"), &length.into_pyobject(py)?.into_any()),
+            ],
+        )?)?;
+    }
+    Ok(list.into_any())
 }
 
 /// Where a row came from, as the evsys API's `DatumMetadata`.

@@ -19,7 +19,9 @@ use pyo3::types::{PyFloat, PyList, PyTuple};
 
 use crate::error::{ErrorKind, InputError, Location, StepName};
 use crate::plan::{plan_rows, Keep, Merge, Piece, Plan, Row, Trajectory, TurnSpan};
-use crate::py::build::{self, Column, DatumClasses, FilledRow, GcPaused, LossInput, ModelInputOut, SpanClasses};
+use crate::py::build::{
+    self, ChunkOut, Column, DatumClasses, FilledRow, GcPaused, LossInput, ModelInputOut, SpanClasses,
+};
 use crate::py::read::{any_real, attr, token_at, Item, ItemKind, Items, MAX_TOKEN};
 use crate::rows::{fill_row, Inputs, RowOut};
 
@@ -238,7 +240,7 @@ fn contributions(pieces: &[Piece], row: &Row) -> Vec<(usize, usize)> {
 }
 
 /// `(sequence_id, offset, length, sampled)`.
-type Span<'py> = (Bound<'py, PyAny>, usize, usize, bool);
+type Span<'py> = build::SpanOut<'py>;
 
 /// `(model_input spans, target spans)`.
 type Provenance<'py> = (Vec<Span<'py>>, Vec<Span<'py>>);
@@ -357,24 +359,17 @@ fn cookbook_logprobs(
 /// non-text chunk as it was given; `zero_width` are the chunks of length 0
 /// with the position they stand before.
 fn input_chunks<'py>(
-    classes: &DatumClasses<'py>,
     traj: &TrajectoryIn<'py>,
     pieces: &[Piece],
     zero_width: &[(usize, usize)],
     n: usize,
-) -> PyResult<Bound<'py, PyList>> {
-    let py = classes.chunk.py();
-    let chunks = PyList::empty(py);
+) -> Vec<ChunkOut<'py>> {
+    let mut chunks = Vec::new();
     let mut text: Vec<i64> = Vec::new();
-    let flush = |text: &mut Vec<i64>| -> PyResult<()> {
+    let flush = |text: &mut Vec<i64>, chunks: &mut Vec<ChunkOut<'py>>| {
         if !text.is_empty() {
-            chunks.append(build::text_chunk(
-                &classes.chunk,
-                PyList::new(py, text.iter())?.as_any(),
-            )?)?;
-            text.clear();
+            chunks.push(ChunkOut::Text(std::mem::take(text)));
         }
-        Ok(())
     };
     let mut zero_width = zero_width.iter().peekable();
     let elements = pieces
@@ -382,8 +377,8 @@ fn input_chunks<'py>(
         .flat_map(|p| traj.plain.elements[p.elements.clone()].iter().copied());
     for (position, e) in elements.take(n).chain(std::iter::once(0)).enumerate() {
         while let Some(&(_, id)) = zero_width.next_if(|z| z.0 == position) {
-            flush(&mut text)?;
-            chunks.append(&traj.chunks[id])?;
+            flush(&mut text, &mut chunks);
+            chunks.push(ChunkOut::Given(traj.chunks[id].clone()));
         }
         if position == n {
             break;
@@ -391,12 +386,12 @@ fn input_chunks<'py>(
         if e >= 0 {
             text.push(e);
         } else if e != CONTINUATION {
-            flush(&mut text)?;
-            chunks.append(&traj.chunks[(-(e + 1)) as usize])?;
+            flush(&mut text, &mut chunks);
+            chunks.push(ChunkOut::Given(traj.chunks[(-(e + 1)) as usize].clone()));
         }
     }
-    flush(&mut text)?;
-    Ok(chunks)
+    flush(&mut text, &mut chunks);
+    chunks
 }
 
 /// `pieces` without their zero-width elements, and those as `(position in
@@ -460,8 +455,8 @@ fn cookbook_row<'py>(
     let parts = contributions(pieces, row);
     // The cookbook makes the spans while it reads each transition, so their
     // errors come before those of building the row.
-    let spans = match span_classes {
-        Some(classes) => provenance(traj, row, &parts, at)?.map(|spans| (classes, spans)),
+    let provenance = match span_classes {
+        Some(_) => provenance(traj, row, &parts, at)?,
         None => None,
     };
     if last < 0 {
@@ -516,19 +511,8 @@ fn cookbook_row<'py>(
             Column::<i64>::zeros(py, n).into_array().into_any(),
         )
     };
-    let span_list = |classes: &SpanClasses<'py>, spans: &[Span<'py>]| -> PyResult<Bound<'py, PyList>> {
-        let objects = PyList::empty(py);
-        for &(ref id, offset, length, sampled) in spans {
-            objects.append(build::span(classes, (id, offset, length, sampled))?)?;
-        }
-        Ok(objects)
-    };
-    let provenance = match spans {
-        Some((classes, (inputs, targets))) => Some((span_list(classes, &inputs)?, span_list(classes, &targets)?)),
-        None => None,
-    };
     let filled = FilledRow {
-        model_input: ModelInputOut::Chunks(input_chunks(classes, traj, pieces, &zero_width, n)?),
+        model_input: ModelInputOut::Chunks(input_chunks(traj, pieces, &zero_width, n)),
         provenance,
         loss_inputs: vec![
             loss_input("target_tokens", "int64", targets.into_array().into_any()),
@@ -638,7 +622,7 @@ pub fn cookbook_datums<'py>(
     let _gc = GcPaused::new(py);
     for row in rows {
         pairs.append(PyTuple::new(py, [row.group, row.trajectory])?)?;
-        datums.append(build::datum(classes, row)?)?;
+        datums.append(build::datum(classes, span_classes, row)?)?;
     }
     Ok((datums, pairs))
 }
