@@ -170,6 +170,9 @@ fn model_input_list<'py>(
     let py = batch.turns[traj.turns.start].prompt.py();
     if exact {
         let out = PyList::empty(py);
+        // It will hold only ints: off the GC's books now, so that no
+        // collection while the rest of the batch is read walks it.
+        build::untrack_list(&out);
         for piece in pieces {
             let turn = &batch.turns[traj.turns.start + piece.turn];
             let span = &trajectory.turns[piece.turn];
@@ -202,7 +205,9 @@ fn model_input_from_values<'py>(
     let values = pieces
         .iter()
         .flat_map(|p| trajectory.elements[p.elements.clone()].iter());
-    PyList::new(py, values.take(n))
+    let out = PyList::new(py, values.take(n))?;
+    build::untrack_list(&out);
+    Ok(out)
 }
 
 /// The rows as flat columns (row `i` is `offsets[i]..offsets[i + 1]`).
