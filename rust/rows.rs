@@ -6,22 +6,27 @@
 //! turn's advantage and mask; every other position carries 0 in all three.
 //! Elements below 0 stand for non-text chunks: their target is 0.
 
+use std::mem::MaybeUninit;
+
 use crate::plan::Piece;
 
 /// The model input column a row may also carry: `S[:-1]` as numbers.
 pub enum Inputs<'a> {
     None,
-    I32(&'a mut [i32]),
-    I64(&'a mut [i64]),
+    I32(&'a mut [MaybeUninit<i32>]),
+    I64(&'a mut [MaybeUninit<i64>]),
 }
 
-/// One row's output columns, each `len(S) - 1` long and zeroed.
+/// One row's output columns, each `len(S) - 1` long. They may be
+/// uninitialized: [`fill_row`] writes every element of every column (the
+/// fuzz tests check it, starting from sentinel values), so fresh arrays
+/// need no zeroing first.
 pub struct RowOut<'a> {
     pub inputs: Inputs<'a>,
-    pub targets: &'a mut [i64],
-    pub logprobs: &'a mut [f32],
-    pub advantages: &'a mut [f32],
-    pub mask: Option<&'a mut [f32]>,
+    pub targets: &'a mut [MaybeUninit<i64>],
+    pub logprobs: &'a mut [MaybeUninit<f32>],
+    pub advantages: &'a mut [MaybeUninit<f32>],
+    pub mask: Option<&'a mut [MaybeUninit<f32>]>,
 }
 
 /// Writes the row spelled by `pieces` over `elements` (with `logprobs`
@@ -52,8 +57,10 @@ pub fn fill_row(
             let src = &values[..input_end - at];
             match &mut inputs {
                 Inputs::None => {}
-                Inputs::I32(dst) => dst[at..input_end].iter_mut().zip(src).for_each(|(d, &s)| *d = s as i32),
-                Inputs::I64(dst) => dst[at..input_end].copy_from_slice(src),
+                Inputs::I32(dst) => dst[at..input_end].iter_mut().zip(src).for_each(|(d, &s)| {
+                    d.write(s as i32);
+                }),
+                Inputs::I64(dst) => write(&mut dst[at..input_end], src),
             }
         }
         // Targets: position p predicts S[p + 1], so S[at + i] lands at at + i - 1.
@@ -63,13 +70,25 @@ pub fn fill_row(
             targets[span.clone()]
                 .iter_mut()
                 .zip(&values[skip..])
-                .for_each(|(d, &s)| *d = s.max(0));
+                .for_each(|(d, &s)| {
+                    d.write(s.max(0));
+                });
             if piece.completion {
                 let (advantage, weight) = weights(piece.turn);
-                logprob_out[span.clone()].copy_from_slice(&logprobs[piece.elements.start + skip..piece.elements.end]);
-                advantages[span.clone()].fill(advantage);
+                write(
+                    &mut logprob_out[span.clone()],
+                    &logprobs[piece.elements.start + skip..piece.elements.end],
+                );
+                advantages[span.clone()].fill(MaybeUninit::new(advantage));
                 if let Some(mask) = &mut mask {
-                    mask[span].fill(weight);
+                    mask[span].fill(MaybeUninit::new(weight));
+                }
+            } else {
+                for column in [&mut *logprob_out, &mut *advantages] {
+                    column[span.clone()].fill(MaybeUninit::new(0.0));
+                }
+                if let Some(mask) = &mut mask {
+                    mask[span].fill(MaybeUninit::new(0.0));
                 }
             }
         }
@@ -78,8 +97,37 @@ pub fn fill_row(
     debug_assert_eq!(at, n + 1);
 }
 
+/// `dst = src` (equal lengths), for columns not yet initialized.
+fn write<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T]) {
+    debug_assert_eq!(dst.len(), src.len());
+    dst.iter_mut().zip(src).for_each(|(d, &s)| {
+        d.write(s);
+    });
+}
+
+/// Output columns for tests: they start out holding a sentinel, so that a
+/// position [`fill_row`] failed to write shows up in the comparisons.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::mem::MaybeUninit;
+
+    pub const INT_SENTINEL: i64 = -7;
+    pub const FLOAT_SENTINEL: f32 = -7.25;
+
+    pub fn column<T: Copy>(n: usize, sentinel: T) -> Vec<MaybeUninit<T>> {
+        vec![MaybeUninit::new(sentinel); n]
+    }
+
+    pub fn values<T: Copy>(column: &[MaybeUninit<T>]) -> Vec<T> {
+        // SAFETY: every element was initialized by `column` (and then
+        // possibly overwritten with initialized values).
+        column.iter().map(|x| unsafe { x.assume_init() }).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::testing::{column, values, FLOAT_SENTINEL, INT_SENTINEL};
     use super::*;
     use crate::plan::{plan_rows, Keep, Merge, Plan, Trajectory, TurnSpan};
 
@@ -98,22 +146,27 @@ mod tests {
             .iter()
             .map(|row| {
                 let n = row.len - 1;
-                let mut c = Columns {
-                    inputs: vec![0; n],
-                    targets: vec![0; n],
-                    logprobs: vec![0.0; n],
-                    advantages: vec![0.0; n],
-                    mask: vec![0.0; n],
-                };
+                let (mut inputs, mut targets) = (column(n, INT_SENTINEL), column(n, INT_SENTINEL));
+                let (mut lps, mut advs, mut mask) = (
+                    column(n, FLOAT_SENTINEL),
+                    column(n, FLOAT_SENTINEL),
+                    column(n, FLOAT_SENTINEL),
+                );
                 let out = RowOut {
-                    inputs: Inputs::I64(&mut c.inputs),
-                    targets: &mut c.targets,
-                    logprobs: &mut c.logprobs,
-                    advantages: &mut c.advantages,
-                    mask: Some(&mut c.mask),
+                    inputs: Inputs::I64(&mut inputs),
+                    targets: &mut targets,
+                    logprobs: &mut lps,
+                    advantages: &mut advs,
+                    mask: Some(&mut mask),
                 };
                 fill_row(plan.pieces_of(row), &t.elements, logprobs, |_| (advantage, 1.0), out);
-                c
+                Columns {
+                    inputs: values(&inputs),
+                    targets: values(&targets),
+                    logprobs: values(&lps),
+                    advantages: values(&advs),
+                    mask: values(&mask),
+                }
             })
             .collect()
     }

@@ -7,10 +7,11 @@
 use proptest::prelude::*;
 
 use crate::plan::{plan_rows, Keep, Merge, Plan, Trajectory, TurnSpan};
+use crate::rows::testing::{column, values, FLOAT_SENTINEL, INT_SENTINEL};
 use crate::rows::{fill_row, Inputs, RowOut};
 
-/// (model input, targets, logprob bits, advantage bits, first turn, n_turns)
-type NaiveRow = (Vec<i64>, Vec<i64>, Vec<u32>, Vec<u32>, usize, usize);
+/// (model input, targets, logprob bits, advantage bits, mask bits, first turn, n_turns)
+type NaiveRow = (Vec<i64>, Vec<i64>, Vec<u32>, Vec<u32>, Vec<u32>, usize, usize);
 
 /// The contract, one position at a time: per turn `P + C`, or merged while
 /// the prompt starts with `S`; drop rows with no completion target.
@@ -31,7 +32,11 @@ fn naive(turns: &[(Vec<i64>, Vec<i64>, Vec<f32>)], merged: bool, a: f32) -> Vec<
             .iter()
             .map(|e| if e.1.is_some() { a } else { 0.0 }.to_bits())
             .collect();
-        out.push((inputs, targets, lps, advs, first, count));
+        let mask = s[1..]
+            .iter()
+            .map(|e| if e.1.is_some() { 1.0f32 } else { 0.0 }.to_bits())
+            .collect();
+        out.push((inputs, targets, lps, advs, mask, first, count));
     };
     for (u, (p, c, lp)) in turns.iter().enumerate() {
         let extends = merged && !s.is_empty() && p.len() >= s.len() && s.iter().zip(p).all(|(e, t)| e.0 == *t);
@@ -80,16 +85,32 @@ fn ours(turns: &[(Vec<i64>, Vec<i64>, Vec<f32>)], merged: bool, a: f32) -> Vec<N
         .iter()
         .map(|row| {
             let n = row.len - 1;
-            let (mut inputs, mut targets, mut lps, mut advs) = (vec![0; n], vec![0; n], vec![0.0; n], vec![0.0; n]);
+            // Sentinels, not zeros: a position fill_row does not write shows.
+            let (mut inputs, mut targets) = (column(n, INT_SENTINEL), column(n, INT_SENTINEL));
+            let (mut lps, mut advs, mut mask) = (
+                column(n, FLOAT_SENTINEL),
+                column(n, FLOAT_SENTINEL),
+                column(n, FLOAT_SENTINEL),
+            );
             let out = RowOut {
                 inputs: Inputs::I64(&mut inputs),
                 targets: &mut targets,
                 logprobs: &mut lps,
                 advantages: &mut advs,
-                mask: None,
+                mask: Some(&mut mask),
             };
             fill_row(plan.pieces_of(row), &t.elements, &logprobs, |_| (a, 1.0), out);
-            (inputs, targets, bits(&lps), bits(&advs), row.first_turn, row.n_turns)
+            let (lps, advs, mask) = (values(&lps), values(&advs), values(&mask));
+            let (inputs, targets) = (values(&inputs), values(&targets));
+            (
+                inputs,
+                targets,
+                bits(&lps),
+                bits(&advs),
+                bits(&mask),
+                row.first_turn,
+                row.n_turns,
+            )
         })
         .collect()
 }

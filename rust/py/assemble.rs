@@ -79,6 +79,7 @@ pub fn evsys_datums<'py>(
     options: Options,
 ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, FitReport)> {
     let py = groups.py();
+    let _gc = GcPaused::new(py);
     let batch = evsys::read_structure(groups, advantages, true)?;
     let mut fit = FitReport::default();
     let mut rows = Vec::new();
@@ -91,14 +92,17 @@ pub fn evsys_datums<'py>(
             let row = &plan.rows[r];
             let pieces = plan.pieces_of(row);
             let n = row.len - 1;
-            let (mut targets, mut lps, mut advs) =
-                (Column::<i64>::zeros(py, n), Column::zeros(py, n), Column::zeros(py, n));
-            let mut ints = (options.model_input == ModelInputKind::Int32).then(|| Column::<i32>::zeros(py, n));
+            let (mut targets, mut lps, mut advs) = (
+                Column::<i64>::unwritten(py, n),
+                Column::unwritten(py, n),
+                Column::unwritten(py, n),
+            );
+            let mut ints = (options.model_input == ModelInputKind::Int32).then(|| Column::<i32>::unwritten(py, n));
             let out = RowOut {
-                inputs: ints.as_mut().map_or(Inputs::None, |c| Inputs::I32(c.slice_mut())),
-                targets: targets.slice_mut(),
-                logprobs: lps.slice_mut(),
-                advantages: advs.slice_mut(),
+                inputs: ints.as_mut().map_or(Inputs::None, |c| Inputs::I32(c.slots())),
+                targets: targets.slots(),
+                logprobs: lps.slots(),
+                advantages: advs.slots(),
                 mask: None,
             };
             fill_row(pieces, &trajectory.elements, logprobs, |_| (traj.advantage, 1.0), out);
@@ -137,7 +141,6 @@ pub fn evsys_datums<'py>(
     )?;
     let datums = PyList::empty(py);
     let metadata = PyList::empty(py);
-    let _gc = GcPaused::new(py);
     for (i, row) in rows.into_iter().enumerate() {
         if i % SIGNAL_CHECK_ROWS == SIGNAL_CHECK_ROWS - 1 {
             py.check_signals()?;
@@ -170,8 +173,7 @@ fn model_input_list<'py>(
     let py = batch.turns[traj.turns.start].prompt.py();
     if exact {
         let out = PyList::empty(py);
-        // It will hold only ints: off the GC's books now, so that no
-        // collection while the rest of the batch is read walks it.
+        // It will hold only ints: off the GC's books.
         build::untrack_list(&out);
         for piece in pieces {
             let turn = &batch.turns[traj.turns.start + piece.turn];
@@ -241,13 +243,14 @@ pub fn evsys_arrays<'py>(
         .iter()
         .map(|t| (t.prompt.len() + t.completion.len()).saturating_sub(1))
         .sum();
-    let mut inputs: Vec<i64> = Vec::with_capacity(capacity);
-    let mut targets: Vec<i64> = Vec::with_capacity(capacity);
-    let mut lps: Vec<f32> = Vec::with_capacity(capacity);
-    let mut advs: Vec<f32> = Vec::with_capacity(capacity);
+    let mut inputs = Column::<i64>::unwritten(py, capacity);
+    let mut targets = Column::<i64>::unwritten(py, capacity);
+    let mut lps = Column::<f32>::unwritten(py, capacity);
+    let mut advs = Column::<f32>::unwritten(py, capacity);
     let mut offsets = vec![0i64];
     let (mut group_idx, mut traj_idx, mut turn_idx, mut n_turns) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut fit = FitReport::default();
+    let mut end = 0;
     for_each_row(
         py,
         &batch,
@@ -255,17 +258,13 @@ pub fn evsys_arrays<'py>(
         &mut fit,
         |traj, trajectory, logprobs, plan, r, _| {
             let row = &plan.rows[r];
-            let start = targets.len();
-            let end = start + row.len - 1;
-            inputs.resize(end, 0);
-            targets.resize(end, 0);
-            lps.resize(end, 0.0);
-            advs.resize(end, 0.0);
+            let start = end;
+            end = start + row.len - 1;
             let out = RowOut {
-                inputs: Inputs::I64(&mut inputs[start..]),
-                targets: &mut targets[start..],
-                logprobs: &mut lps[start..],
-                advantages: &mut advs[start..],
+                inputs: Inputs::I64(&mut inputs.slots()[start..end]),
+                targets: &mut targets.slots()[start..end],
+                logprobs: &mut lps.slots()[start..end],
+                advantages: &mut advs.slots()[start..end],
                 mask: None,
             };
             fill_row(
@@ -283,16 +282,12 @@ pub fn evsys_arrays<'py>(
             Ok(())
         },
     )?;
-    for column in [&mut inputs, &mut targets] {
-        column.shrink_to_fit();
-    }
-    lps.shrink_to_fit();
-    advs.shrink_to_fit();
+    // Rows fill the columns from the start; merged rows leave a tail unused.
     Ok(FlatRows {
-        input_tokens: PyArray1::from_vec(py, inputs),
-        targets: PyArray1::from_vec(py, targets),
-        logprobs: PyArray1::from_vec(py, lps),
-        advantages: PyArray1::from_vec(py, advs),
+        input_tokens: inputs.truncated(end)?,
+        targets: targets.truncated(end)?,
+        logprobs: lps.truncated(end)?,
+        advantages: advs.truncated(end)?,
         offsets: PyArray1::from_vec(py, offsets),
         group_idx: PyArray1::from_vec(py, group_idx),
         traj_idx: PyArray1::from_vec(py, traj_idx),

@@ -4,6 +4,8 @@
 //! checks at import that the result is field for field the public one, and
 //! uses the public constructors instead wherever it is not.
 
+use std::mem::MaybeUninit;
+
 use numpy::{Element, PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::ffi;
 use pyo3::intern;
@@ -41,7 +43,7 @@ impl<'py> From<ClassTuple<'py>> for DatumClasses<'py> {
     }
 }
 
-/// A fresh, zeroed 1-D numpy array that this code alone can see until
+/// A fresh 1-D numpy array that this code alone can see until
 /// [`Column::into_array`] hands it on: it is written through a plain slice.
 pub struct Column<'py, T: Element> {
     array: Bound<'py, PyArray1<T>>,
@@ -54,12 +56,44 @@ impl<'py, T: Element> Column<'py, T> {
         }
     }
 
+    /// Not yet written: every element must be written (through
+    /// [`Column::slots`]) before the array is handed on. Saves zeroing
+    /// memory that [`crate::rows::fill_row`] writes in full anyway.
+    pub fn unwritten(py: Python<'py>, n: usize) -> Self {
+        Column {
+            // SAFETY: the memory is uninitialized; it is exposed only as
+            // `MaybeUninit` (by `slots`) until written.
+            array: unsafe { PyArray1::new(py, n, false) },
+        }
+    }
+
+    /// The elements, for writing.
+    pub fn slots(&mut self) -> &mut [MaybeUninit<T>] {
+        let n = self.array.len();
+        // SAFETY: as in `slice_mut`, this is the only view of the array's
+        // `n` contiguous elements; `MaybeUninit<T>` has `T`'s layout and
+        // makes no claim that they are initialized.
+        unsafe { std::slice::from_raw_parts_mut(self.array.data().cast::<MaybeUninit<T>>(), n) }
+    }
+
+    /// The elements, once written (always so for [`Column::zeros`]).
     pub fn slice_mut(&mut self) -> &mut [T] {
-        // SAFETY: the array was created in `zeros`, is contiguous, and no
+        // SAFETY: the array was created here, is contiguous, and no
         // reference to it exists outside `self` (it is handed on only by
         // consuming `self`), so this is the only view of its memory. numpy's
         // `readwrite()` would check the same at run time, per array.
         unsafe { self.array.as_slice_mut() }.expect("a fresh 1-D array is contiguous")
+    }
+
+    /// The first `n` elements (all written) as the array, shortened in place.
+    pub fn truncated(self, n: usize) -> PyResult<Bound<'py, PyArray1<T>>> {
+        if n < self.array.len() {
+            // SAFETY: no reference into the array's memory is alive (slices
+            // from `slots` borrow `self`, consumed here), so numpy may
+            // reallocate it.
+            unsafe { self.array.resize(n)? };
+        }
+        Ok(self.array)
     }
 
     pub fn into_array(self) -> Bound<'py, PyArray1<T>> {
@@ -339,12 +373,13 @@ pub fn metadata<'py>(
     )
 }
 
-/// Python's cyclic GC held off while many acyclic objects are made: every
-/// container allocated counts toward a collection, and with a large live
-/// heap the collections they set off multiplied the cost per Datum by up to
-/// 5. Nothing made here can form a cycle, so nothing is lost. Restores
-/// exactly the state it found: no Python code runs while it is held (the
-/// GIL is kept and no user object is touched), so no one else can change it.
+/// Python's cyclic GC held off for a whole call, reading and building:
+/// every container allocated counts toward a collection, and with a large
+/// live heap (the caller's batch) the collections they set off multiplied
+/// the cost per Datum by up to 5. Nothing made here can form a cycle, so
+/// nothing is lost; cyclic garbage that user code run while reading (a
+/// property, an `__index__`) makes is collected after. Restores the state
+/// it found, unless such code changed it meanwhile.
 pub struct GcPaused {
     was_enabled: bool,
 }

@@ -22,7 +22,7 @@ use crate::plan::{plan_rows, Keep, Merge, Piece, Plan, Row, Trajectory, TurnSpan
 use crate::py::build::{
     self, ChunkOut, Column, DatumClasses, FilledRow, GcPaused, LossInput, ModelInputOut, SpanClasses,
 };
-use crate::py::read::{any_real, attr, token_at, Item, ItemKind, Items, MAX_TOKEN};
+use crate::py::read::{any_real, attr, Item, ItemKind, Items, MAX_TOKEN};
 use crate::rows::{fill_row, Inputs, RowOut};
 
 /// The positions of a non-text chunk after its first.
@@ -121,9 +121,7 @@ fn read_observation<'py>(
                 ItemKind::Token,
                 at,
             )?;
-            for i in 0..tokens.len() {
-                out.plain.elements.push(token_at(&tokens, i, "ob tokens", limit, at)?.0);
-            }
+            tokens.read_tokens("ob tokens", limit, at, &mut out.plain.elements)?;
         } else {
             // The cookbook asks a chunk its length only after it has acted
             // on the observation (closing the row before it): an error here
@@ -176,9 +174,7 @@ fn read_trajectory<'py>(
         let ac = attr(&transition, intern!(py, "ac"), at)?;
         let tokens = Items::of(&attr(&ac, intern!(py, "tokens"), at)?, "ac.tokens", ItemKind::Token, at)?;
         let mid = out.plain.elements.len();
-        for i in 0..tokens.len() {
-            out.plain.elements.push(token_at(&tokens, i, "ac.tokens", limit, at)?.0);
-        }
+        tokens.read_tokens("ac.tokens", limit, at, &mut out.plain.elements)?;
         let logprobs = match ac.getattr_opt(intern!(py, "maybe_logprobs"))? {
             Some(l) => l,
             None => attr(&ac, intern!(py, "logprobs"), at)?,
@@ -471,14 +467,18 @@ fn cookbook_row<'py>(
         ));
     }
     let n = row.len - 1;
-    let mut targets = Column::<i64>::zeros(py, n);
-    let (mut lps, mut advs, mut mask) = (Column::<f32>::zeros(py, n), Column::zeros(py, n), Column::zeros(py, n));
+    let mut targets = Column::<i64>::unwritten(py, n);
+    let (mut lps, mut advs, mut mask) = (
+        Column::<f32>::unwritten(py, n),
+        Column::unwritten(py, n),
+        Column::unwritten(py, n),
+    );
     let out = RowOut {
         inputs: Inputs::None,
-        targets: targets.slice_mut(),
-        logprobs: lps.slice_mut(),
-        advantages: advs.slice_mut(),
-        mask: Some(mask.slice_mut()),
+        targets: targets.slots(),
+        logprobs: lps.slots(),
+        advantages: advs.slots(),
+        mask: Some(mask.slots()),
     };
     // Parse-error-masked transitions train on nothing: mask 0, advantage 0.
     let weights = |u: usize| {
@@ -576,6 +576,7 @@ pub fn cookbook_datums<'py>(
     span_classes: Option<&SpanClasses<'py>>,
 ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
     let py = groups.py();
+    let _gc = GcPaused::new(py);
     let groups = Items::of(groups, "trajectory_groups", ItemKind::Object, Location::BATCH)?;
     let advantages = Items::of(advantages, "advantages", ItemKind::Rows, Location::BATCH)?;
     let mut rows = Vec::new();
@@ -619,7 +620,6 @@ pub fn cookbook_datums<'py>(
     }
     let datums = PyList::empty(py);
     let pairs = PyList::empty(py);
-    let _gc = GcPaused::new(py);
     for row in rows {
         pairs.append(PyTuple::new(py, [row.group, row.trajectory])?)?;
         datums.append(build::datum(classes, span_classes, row)?)?;

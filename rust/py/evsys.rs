@@ -15,7 +15,7 @@ use pyo3::types::PyList;
 
 use crate::error::{ErrorKind, InputError, Location};
 use crate::plan::{Trajectory, TurnSpan};
-use crate::py::read::{attr, logprob_at, read_real, read_tags, token_at, ItemKind, Items};
+use crate::py::read::{attr, read_real, read_tags, ItemKind, Items};
 
 /// One turn's sequences, opened (held alive), not yet read.
 pub struct TurnIn<'py> {
@@ -154,8 +154,10 @@ pub struct FitReport {
     pub first: Option<Location>,
 }
 
-/// Sweep 2 for one trajectory: its elements into `out` and, parallel to
-/// them, each completion token's fitted logprob into `logprobs` (0 elsewhere).
+/// Sweep 2 for one trajectory: its elements into `out` and, at the same
+/// index in `logprobs`, each completion token's fitted logprob (0 past the
+/// turn's logprobs). Entries at prompt elements are left as they were:
+/// nothing reads them, and not zeroing them saves a pass.
 /// `limit` bounds the tokens (the vocabulary size, or 2**31). Returns
 /// whether every value read was an exact `int` / `float`: then no Python
 /// code ran while reading, and the caller's lists are as they were read.
@@ -168,27 +170,21 @@ pub fn read_values(
     fit: &mut FitReport,
 ) -> PyResult<bool> {
     out.clear();
-    logprobs.clear();
     let mut exact = true;
     for (u, turn) in batch.turns[trajectory.turns.clone()].iter().enumerate() {
         let at = Location::turn(trajectory.group, trajectory.index, u);
         let start = out.elements.len();
-        for (items, field) in [(&turn.prompt, "prompt_tokens"), (&turn.completion, "completion_tokens")] {
-            for i in 0..items.len() {
-                let (v, is_exact) = token_at(items, i, field, limit, at)?;
-                out.elements.push(v);
-                exact &= is_exact;
-            }
-        }
+        exact &= turn.prompt.read_tokens("prompt_tokens", limit, at, &mut out.elements)?;
+        exact &= turn
+            .completion
+            .read_tokens("completion_tokens", limit, at, &mut out.elements)?;
         let completion = start + turn.prompt.len()..out.elements.len();
-        logprobs.resize(out.elements.len(), 0.0);
-        for k in 0..turn.logprobs.len() {
-            let (v, is_exact) = logprob_at(&turn.logprobs, k, at)?;
-            exact &= is_exact;
-            if k < completion.len() {
-                logprobs[completion.start + k] = v;
-            }
+        if logprobs.len() < completion.end {
+            logprobs.resize(completion.end, 0.0);
         }
+        let fitted = completion.start..completion.end.min(completion.start + turn.logprobs.len());
+        exact &= turn.logprobs.read_logprobs(at, &mut logprobs[fitted.clone()])?;
+        logprobs[fitted.end..completion.end].fill(0.0);
         let (n_logprobs, n_completion) = (turn.logprobs.len(), completion.len());
         if n_logprobs != n_completion {
             if n_logprobs < n_completion {

@@ -228,6 +228,91 @@ pub fn token_at(items: &Items<'_>, i: usize, field: &str, limit: i64, at: Locati
     }
 }
 
+/// `PyList_GetItem` / `PyTuple_GetItem`.
+type GetItem = unsafe extern "C" fn(*mut ffi::PyObject, ffi::Py_ssize_t) -> *mut ffi::PyObject;
+
+impl Items<'_> {
+    /// The container and its item getter, for loops that read items
+    /// borrowed: the getter checks the index and returns a borrowed
+    /// reference, or NULL (with an IndexError set) where a list has shrunk.
+    fn raw(&self) -> (*mut ffi::PyObject, GetItem) {
+        match &self.seq {
+            Seq::List(l) => (l.as_ptr(), ffi::PyList_GetItem),
+            Seq::Tuple(t) => (t.as_ptr(), ffi::PyTuple_GetItem),
+        }
+    }
+
+    /// Appends every token (see [`token_at`]) to `out`; says whether all
+    /// were exact `int`s. Exact ints in range are read inline, with no
+    /// reference counting; anything else goes through `token_at`.
+    pub fn read_tokens(&self, field: &str, limit: i64, at: Location, out: &mut Vec<i64>) -> PyResult<bool> {
+        let (seq, get) = self.raw();
+        out.reserve(self.len);
+        let start = out.len();
+        let slots = &mut out.spare_capacity_mut()[..self.len];
+        let mut exact = true;
+        for (i, slot) in slots.iter_mut().enumerate() {
+            // SAFETY: `seq` is alive (held by `self`) and `i < len`, which
+            // came from a Py_ssize_t. Only the exact-int read runs while
+            // `item` is used: plain C that runs no Python code.
+            #[allow(clippy::cast_possible_wrap)]
+            let fast = unsafe {
+                let item = get(seq, i as ffi::Py_ssize_t);
+                if !item.is_null() && ffi::Py_TYPE(item) == std::ptr::addr_of_mut!(ffi::PyLong_Type) {
+                    let mut overflow = 0;
+                    let v = ffi::PyLong_AsLongLongAndOverflow(item, &raw mut overflow);
+                    (overflow == 0 && (0..limit).contains(&v)).then_some(v)
+                } else {
+                    None
+                }
+            };
+            let v = if let Some(v) = fast {
+                v
+            } else {
+                // Takes the item anew (strongly) and says what is wrong.
+                let (v, is_exact) = token_at(self, i, field, limit, at)?;
+                exact &= is_exact;
+                v
+            };
+            slot.write(v);
+        }
+        // SAFETY: the slots up to `start + self.len` were all written above.
+        unsafe { out.set_len(start + self.len) };
+        Ok(exact)
+    }
+
+    /// Reads every logprob (see [`logprob_at`]), writing the first
+    /// `out.len()` of them to `out`; says whether all were exact `float`s.
+    pub fn read_logprobs(&self, at: Location, out: &mut [f32]) -> PyResult<bool> {
+        let (seq, get) = self.raw();
+        let mut exact = true;
+        for k in 0..self.len {
+            // SAFETY: as in `read_tokens`: only the exact-float read runs
+            // while `item` is used.
+            #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
+            let fast = unsafe {
+                let item = get(seq, k as ffi::Py_ssize_t);
+                if !item.is_null() && ffi::Py_TYPE(item) == std::ptr::addr_of_mut!(ffi::PyFloat_Type) {
+                    Some(ffi::PyFloat_AsDouble(item) as f32).filter(|v| v.is_finite())
+                } else {
+                    None
+                }
+            };
+            let v = if let Some(v) = fast {
+                v
+            } else {
+                let (v, is_exact) = logprob_at(self, k, at)?;
+                exact &= is_exact;
+                v
+            };
+            if let Some(slot) = out.get_mut(k) {
+                *slot = v;
+            }
+        }
+        Ok(exact)
+    }
+}
+
 /// What `operator.index` made of a token.
 #[derive(Clone, Copy)]
 enum Integer {
