@@ -209,6 +209,21 @@ def _assemble(
     return datums, pairs
 
 
+def _plain_values(advantages_G: Any) -> Any:
+    """A 1-D torch tensor's values as Python numbers (``tolist()``: one call,
+    not one 0-d tensor per trajectory); ``float()`` of each is what it is of
+    the tensor's own items. Anything else as it is."""
+    torch = sys.modules.get("torch")
+    if (
+        torch is not None
+        and type(advantages_G) is torch.Tensor
+        and advantages_G.dim() == 1
+        and not advantages_G.is_complex()
+    ):
+        return advantages_G.tolist()
+    return advantages_G
+
+
 def assemble_training_data(
     trajectory_groups_P: Iterable[Any], advantages_P: Iterable[Any], include_provenance: bool = True
 ) -> tuple[list[Any], list[dict[str, int]]]:
@@ -237,7 +252,8 @@ def assemble_training_data(
             groups.append(_GroupView(trajectories))
             advantages.append(row)
             where = f"group {i_group}: "
-            for i_traj, (traj, traj_advantage) in enumerate(zip(traj_group.trajectories_G, advantages_G, strict=True)):
+            values = _plain_values(advantages_G)
+            for i_traj, (traj, traj_advantage) in enumerate(zip(traj_group.trajectories_G, values, strict=True)):
                 where = f"group {i_group}, trajectory {i_traj}: "
                 row.append(float(traj_advantage))
                 trajectories.append(traj)

@@ -13,6 +13,8 @@
 //! positions have target 0.
 
 use pyo3::exceptions::{PyAssertionError, PyValueError};
+use std::ops::Range;
+
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyFloat, PyList, PyTuple};
@@ -22,7 +24,7 @@ use crate::plan::{plan_rows, Keep, Merge, Piece, Plan, Row, Trajectory, TurnSpan
 use crate::py::build::{
     self, ChunkOut, Column, DatumClasses, FilledRow, GcPaused, LossInput, ModelInputOut, SpanClasses,
 };
-use crate::py::read::{any_real, attr, Item, ItemKind, Items, MAX_TOKEN};
+use crate::py::read::{any_real, attr, holds_ints, Item, ItemKind, Items, MAX_TOKEN};
 use crate::rows::{fill_row, Inputs, RowOut};
 
 /// The positions of a non-text chunk after its first.
@@ -57,6 +59,9 @@ struct TrajectoryIn<'py> {
     transitions: Vec<TransitionIn<'py>>,
     /// The distinct non-text chunks, by id.
     chunks: Vec<Bound<'py, PyAny>>,
+    /// The token lists read, in order, each with the index of its first
+    /// element: text chunks share their ints.
+    sources: Vec<(Items<'py>, usize)>,
     /// The elements of the observation of the transition being read, once
     /// read: if reading it then fails, the cookbook would still have acted
     /// on it (built the row it closes) first.
@@ -121,7 +126,9 @@ fn read_observation<'py>(
                 ItemKind::Token,
                 at,
             )?;
+            let first = out.plain.elements.len();
             tokens.read_tokens("ob tokens", limit, at, &mut out.plain.elements)?;
+            out.sources.push((tokens, first));
         } else {
             // The cookbook asks a chunk its length only after it has acted
             // on the observation (closing the row before it): an error here
@@ -175,6 +182,8 @@ fn read_trajectory<'py>(
         let tokens = Items::of(&attr(&ac, intern!(py, "tokens"), at)?, "ac.tokens", ItemKind::Token, at)?;
         let mid = out.plain.elements.len();
         tokens.read_tokens("ac.tokens", limit, at, &mut out.plain.elements)?;
+        let n_tokens = tokens.len();
+        out.sources.push((tokens, mid));
         let logprobs = match ac.getattr_opt(intern!(py, "maybe_logprobs"))? {
             Some(l) => l,
             None => attr(&ac, intern!(py, "logprobs"), at)?,
@@ -188,17 +197,9 @@ fn read_trajectory<'py>(
         }
         let logprobs = Items::of(&logprobs, "ac.logprobs", ItemKind::Real, at)?;
         let raw_start = out.raw_logprobs.len();
-        for k in 0..logprobs.len() {
-            let at_item = Item {
-                field: "ac.logprobs",
-                index: k,
-            };
-            let (v, is_int) = any_real(&logprobs.get(k)?, "logprob", at_item, at)?;
-            out.raw_logprobs.push(v);
-            out.raw_is_int.push(is_int);
-        }
+        logprobs.read_any_reals("logprob", "ac.logprobs", at, &mut out.raw_logprobs, &mut out.raw_is_int)?;
         out.logprobs.resize(out.plain.elements.len(), 0.0);
-        let n = logprobs.len().min(tokens.len());
+        let n = logprobs.len().min(n_tokens);
         for (dst, &v) in out.logprobs[mid..mid + n]
             .iter_mut()
             .zip(&out.raw_logprobs[raw_start..])
@@ -355,39 +356,94 @@ fn cookbook_logprobs(
 /// non-text chunk as it was given; `zero_width` are the chunks of length 0
 /// with the position they stand before.
 fn input_chunks<'py>(
+    py: Python<'py>,
     traj: &TrajectoryIn<'py>,
     pieces: &[Piece],
     zero_width: &[(usize, usize)],
     n: usize,
-) -> Vec<ChunkOut<'py>> {
+) -> PyResult<Vec<ChunkOut<'py>>> {
+    let elements = &traj.plain.elements;
     let mut chunks = Vec::new();
-    let mut text: Vec<i64> = Vec::new();
-    let flush = |text: &mut Vec<i64>, chunks: &mut Vec<ChunkOut<'py>>| {
-        if !text.is_empty() {
-            chunks.push(ChunkOut::Text(std::mem::take(text)));
+    // The current text run, as ranges of elements.
+    let mut run: Vec<Range<usize>> = Vec::new();
+    let flush = |run: &mut Vec<Range<usize>>, chunks: &mut Vec<ChunkOut<'py>>| -> PyResult<()> {
+        if !run.is_empty() {
+            chunks.push(ChunkOut::Text(text_tokens(py, traj, run)?));
+            run.clear();
         }
+        Ok(())
     };
     let mut zero_width = zero_width.iter().peekable();
-    let elements = pieces
-        .iter()
-        .flat_map(|p| traj.plain.elements[p.elements.clone()].iter().copied());
-    for (position, e) in elements.take(n).chain(std::iter::once(0)).enumerate() {
-        while let Some(&(_, id)) = zero_width.next_if(|z| z.0 == position) {
-            flush(&mut text, &mut chunks);
-            chunks.push(ChunkOut::Given(traj.chunks[id].clone()));
-        }
-        if position == n {
-            break;
-        }
-        if e >= 0 {
-            text.push(e);
-        } else if e != CONTINUATION {
-            flush(&mut text, &mut chunks);
-            chunks.push(ChunkOut::Given(traj.chunks[(-(e + 1)) as usize].clone()));
+    let mut position = 0;
+    for piece in pieces {
+        let (mut i, end) = (piece.elements.start, piece.elements.end);
+        while i < end && position < n {
+            while let Some(&(_, id)) = zero_width.next_if(|z| z.0 == position) {
+                flush(&mut run, &mut chunks)?;
+                chunks.push(ChunkOut::Given(traj.chunks[id].clone()));
+            }
+            if elements[i] >= 0 {
+                // Tokens up to the next non-text element, zero-width chunk or `n`.
+                let next_zero_width = zero_width.peek().map_or(usize::MAX, |z| z.0);
+                let limit = end.min(i + (n.min(next_zero_width) - position));
+                let len = elements[i..limit].iter().position(|&e| e < 0).unwrap_or(limit - i);
+                match run.last_mut() {
+                    Some(last) if last.end == i => last.end += len,
+                    _ => run.push(i..i + len),
+                }
+                i += len;
+                position += len;
+            } else {
+                if elements[i] != CONTINUATION {
+                    flush(&mut run, &mut chunks)?;
+                    chunks.push(ChunkOut::Given(traj.chunks[(-(elements[i] + 1)) as usize].clone()));
+                }
+                i += 1;
+                position += 1;
+            }
         }
     }
-    flush(&mut text, &mut chunks);
-    chunks
+    while let Some(&(_, id)) = zero_width.next_if(|z| z.0 == position) {
+        flush(&mut run, &mut chunks)?;
+        chunks.push(ChunkOut::Given(traj.chunks[id].clone()));
+    }
+    flush(&mut run, &mut chunks)?;
+    Ok(chunks)
+}
+
+/// A text run's tokens as a new list. It shares the ints of the lists they
+/// were read from, copied slice by slice in C; user code run since (a
+/// property, an `__index__`) may have changed those lists, so the result
+/// is checked against the values read, and made from them if it differs.
+fn text_tokens<'py>(py: Python<'py>, traj: &TrajectoryIn<'py>, run: &[Range<usize>]) -> PyResult<Bound<'py, PyList>> {
+    let values = || run.iter().flat_map(|r| traj.plain.elements[r.clone()].iter().copied());
+    let total = run.iter().map(ExactSizeIterator::len).sum();
+    let out = PyList::empty(py);
+    build::untrack_list(&out);
+    'share: for r in run {
+        let mut k = traj
+            .sources
+            .partition_point(|(items, first)| first + items.len() <= r.start);
+        let mut a = r.start;
+        while a < r.end {
+            let Some((items, first)) = traj.sources.get(k) else {
+                break 'share;
+            };
+            let b = r.end.min(first + items.len());
+            let Some(part) = items.share(a - first, b - first) else {
+                break 'share;
+            };
+            let end = out.len();
+            out.set_slice(end, end, &part)?;
+            (a, k) = (b, k + 1);
+        }
+    }
+    if holds_ints(&out, total, values()) {
+        return Ok(out);
+    }
+    let out = PyList::new(py, values())?;
+    build::untrack_list(&out);
+    Ok(out)
 }
 
 /// `pieces` without their zero-width elements, and those as `(position in
@@ -512,7 +568,7 @@ fn cookbook_row<'py>(
         )
     };
     let filled = FilledRow {
-        model_input: ModelInputOut::Chunks(input_chunks(traj, pieces, &zero_width, n)),
+        model_input: ModelInputOut::Chunks(input_chunks(py, traj, pieces, &zero_width, n)?),
         provenance,
         loss_inputs: vec![
             loss_input("target_tokens", "int64", targets.into_array().into_any()),

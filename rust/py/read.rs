@@ -281,6 +281,38 @@ impl Items<'_> {
         Ok(exact)
     }
 
+    /// Appends every item as [`any_real`] reads it (`field[k]` in
+    /// messages) to `values`, and whether each was an `int` to `is_int`.
+    pub fn read_any_reals(
+        &self,
+        what: &str,
+        field: &str,
+        at: Location,
+        values: &mut Vec<f64>,
+        is_int: &mut Vec<bool>,
+    ) -> PyResult<()> {
+        let (seq, get) = self.raw();
+        values.reserve(self.len);
+        is_int.reserve(self.len);
+        for k in 0..self.len {
+            // SAFETY: as in `read_tokens`: only the exact-float read runs
+            // while `item` is used.
+            #[allow(clippy::cast_possible_wrap)]
+            let fast = unsafe {
+                let item = get(seq, k as ffi::Py_ssize_t);
+                (!item.is_null() && ffi::Py_TYPE(item) == std::ptr::addr_of_mut!(ffi::PyFloat_Type))
+                    .then(|| ffi::PyFloat_AsDouble(item))
+            };
+            let (v, int) = match fast {
+                Some(v) => (v, false),
+                None => any_real(&self.get(k)?, what, Item { field, index: k }, at)?,
+            };
+            values.push(v);
+            is_int.push(int);
+        }
+        Ok(())
+    }
+
     /// Reads every logprob (see [`logprob_at`]), writing the first
     /// `out.len()` of them to `out`; says whether all were exact `float`s.
     pub fn read_logprobs(&self, at: Location, out: &mut [f32]) -> PyResult<bool> {
@@ -311,6 +343,35 @@ impl Items<'_> {
         }
         Ok(exact)
     }
+}
+
+/// Whether `list` holds exactly `values` (`len` of them), each as an exact
+/// `int`: checks a model input made by sharing the caller's ints against
+/// what was read.
+pub fn holds_ints(list: &Bound<'_, PyList>, len: usize, values: impl Iterator<Item = i64>) -> bool {
+    if list.len() != len {
+        return false;
+    }
+    for (i, expected) in values.enumerate() {
+        // SAFETY: `list` is alive and `i` is below its length, which no
+        // code changes meanwhile: only the exact-int read runs while `item`
+        // is used, plain C that runs no Python code.
+        #[allow(clippy::cast_possible_wrap)]
+        let same = unsafe {
+            let item = ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t);
+            if !item.is_null() && ffi::Py_TYPE(item) == std::ptr::addr_of_mut!(ffi::PyLong_Type) {
+                let mut overflow = 0;
+                let v = ffi::PyLong_AsLongLongAndOverflow(item, &raw mut overflow);
+                overflow == 0 && v == expected
+            } else {
+                false
+            }
+        };
+        if !same {
+            return false;
+        }
+    }
+    true
 }
 
 /// What `operator.index` made of a token.
