@@ -519,3 +519,28 @@ assert c.remove_constant_reward_groups(groups) == groups[:1]
 assert c.DataValidationError.__mro__[1:] == (ValueError, Exception, BaseException, object)
 """
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_model_input_is_what_was_read_when_user_code_changes_the_tokens_after():
+    """Text chunks share the caller's ints only where those are still the
+    values read: here transition 1's ``metrics.get`` rewrites transition 0's
+    observation and action tokens (same length) after they were read."""
+    first_ob, first_ac = [1, 2, 3], [4, 5]
+    second_ob = first_ob + first_ac + [6]
+
+    class Rewriting(dict):
+        def get(self, key, default=None):
+            chunk = transitions[0].ob.chunks[0]
+            chunk.tokens[:] = [100 + t for t in chunk.tokens]
+            transitions[0].ac.tokens[:] = [200 + t for t in transitions[0].ac.tokens]
+            return super().get(key, default)
+
+    transitions = [step(ob(text(*first_ob)), list(first_ac)), step(ob(text(*second_ob)), [7, 8])]
+    transitions[1] = transitions[1].__class__(**{**transitions[1].__dict__, "metrics": Rewriting()})
+    traj = Trajectory(transitions=transitions, final_ob=ob())
+    group = TrajectoryGroup(trajectories_G=[traj], final_rewards_G=[1.0], metrics_G=[{}])
+    (datum,), _ = ours.assemble_training_data([group], [[0.5]])
+    sequence = second_ob + [7, 8]
+    assert datum.model_input.to_ints() == sequence[:-1]
+    assert datum.loss_fn_inputs["target_tokens"].tolist() == sequence[1:]
+    assert transitions[0].ac.tokens == [204, 205]  # the rewrite did run
