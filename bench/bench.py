@@ -1,5 +1,5 @@
-"""Benchmark: tinker_rl_data against the plain-Python reference of SPEC.md,
-on the SPEC §5 workloads and a scaling series, with CPython's own floor
+"""Benchmark: tinker_rl_data against the plain-Python reference of the contract (docs/contract.md),
+on the workloads of bench/workloads.py and a scaling series, with CPython's own floor
 (reading every input object once; building the model-input lists). Python's GC stays enabled, as in
 real use. Writes bench/RESULTS.md (and bench/scaling.png with matplotlib).
 
@@ -187,7 +187,7 @@ def pipeline(module, **kw):
 
 
 def row(name, impl, seconds, n_pos, n_datums, refs=(None, None), mem=None):
-    """`refs`: the medians of the SPEC reference and of the evsys-style port."""
+    """`refs`: the medians of the contract reference and of the evsys-style port."""
     med = statistics.median(seconds)
     return {
         "workload": name,
@@ -206,7 +206,7 @@ def na_row(name, impl, why):
 
 def fmt(rows: list[dict]) -> str:
     lines = [
-        "| workload | implementation | median ms | ns / position | us / datum | speed-up vs SPEC reference"
+        "| workload | implementation | median ms | ns / position | us / datum | speed-up vs contract reference"
         " | vs evsys-style port | peak RSS growth / result size |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
@@ -264,7 +264,7 @@ def merge_section(feat, repeats) -> list[str]:
     lines = [
         "## merge_turns on multi_turn_agent",
         "",
-        f"Per-turn rows: {n_pos:,} positions in {n_datums} datums; merged (SPEC §6, counted in plain Python):",
+        f"Per-turn rows: {n_pos:,} positions in {n_datums} datums; merged (docs/contract.md §6, counted in plain Python):",
         f"{m_pos:,} positions in {m_datums} datums ({m_pos / n_pos:.2f} of the positions). Advantages given;",
         "the merged call reads the same input and writes the merged rows. Issue 8's target: <= 1.3x.",
         "",
@@ -356,10 +356,10 @@ def cookbook_section(feat, repeats) -> list[str]:
     head = [
         "## tinker-cookbook drop-in (tinker_rl_data.cookbook)",
         "",
-        "compute_advantages + assemble_training_data (include_provenance=True, the default) on the SPEC §5",
+        "compute_advantages + assemble_training_data (include_provenance=True, the default) on the",
         "rollouts converted to tinker-cookbook 0.6.1 types (outside the clock; multi_turn_agent's",
         "observations extend the previous turn, so both merge it). ns / position counts the per-turn",
-        "positions of SPEC §5. Issue 7's targets: >= 40x / 25x / 20x; peak memory <= 1.2x the result.",
+        "positions. Issue 7's targets: >= 40x / 25x / 20x; peak memory <= 1.2x the result.",
         "",
     ]
     if feat["tinker_cookbook"]:
@@ -550,7 +550,7 @@ def main() -> None:
         ours = timed(lambda: pipeline(trd)(groups), repeats)
         arrays = timed(lambda: trd.assemble_arrays(groups, advantages), repeats)
         refs = (statistics.median(ref), statistics.median(port))
-        rows.append(row(name, "reference (plain Python, SPEC, checks every value)", ref, n_pos, n_datums))
+        rows.append(row(name, "reference (plain Python, contract, checks every value)", ref, n_pos, n_datums))
         rows.append(row(name, "evsys-style port (plain Python, no checks)", port, n_pos, n_datums))
         rows.append(row(name, "tinker_rl_data", ours, n_pos, n_datums, refs, memory(name, "pipeline")))
         numpy_label = 'tinker_rl_data, model_input_tokens="numpy"'
@@ -591,7 +591,7 @@ def main() -> None:
         port = timed(lambda: getattr(evsys_style, fn)(small), repeats * 2)
         ours = timed(lambda: getattr(trd, fn)(small), repeats * 2)
         refs = (statistics.median(ref), statistics.median(port))
-        rows.append(row(f"{fn} 4096x16", "reference (plain Python, SPEC, checks every value)", ref, n_traj, n_traj))
+        rows.append(row(f"{fn} 4096x16", "reference (plain Python, contract, checks every value)", ref, n_traj, n_traj))
         rows.append(row(f"{fn} 4096x16", "evsys-style port (plain Python, no checks)", port, n_traj, n_traj))
         rows.append(row(f"{fn} 4096x16", "tinker_rl_data", ours, n_traj, n_traj, refs))
     extra += advantages_section(feat, small, repeats * 2)
@@ -650,7 +650,7 @@ def write_results(rows, scaling, big, repeats, gil, extra=(), out: Path = HERE /
         f"(direct Datum path: {DIRECT_PATH}).",
         f"Median of {repeats} runs after a warm-up, GC enabled, one process; ratios are against the",
         "reference measured in the same run. The pipeline is compute_advantages + assemble_training_data.",
-        "The SPEC reference (tests/reference.py) checks every value as SPEC §4 asks; the evsys-style port",
+        "The contract reference (tests/reference.py) checks every value as docs/contract.md §4 asks; the evsys-style port",
         "(bench/evsys_style.py) is the module we replace, without checks: the fastest plain-Python baseline.",
         "The two floor rows are not implementations: they time CPython alone reading every input object",
         "once, and building the model-input lists any implementation must return.",

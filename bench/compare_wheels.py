@@ -7,7 +7,7 @@ Each wheel is unpacked into a temporary directory (nothing is installed);
 each measurement runs in a fresh process with that directory first on
 sys.path, the two builds alternating round by round so that the machine's
 drift hits both alike. Times: compute_advantages + assemble_training_data
-and assemble_arrays on the SPEC §5 workloads (median of --repeats per
+and assemble_arrays on the workloads of bench/workloads.py (median of --repeats per
 round, median over rounds). With --callgrind (valgrind installed), also the
 instruction count of one assemble_training_data call per build on each
 workload, which the noise of a shared machine does not move.

@@ -1,7 +1,7 @@
 """The whole pipeline on a synthetic rollout batch: advantages, Datums,
 metrics, timed against the module it replaces (an evsys-style plain-Python
 port) and, when installed, tinker-cookbook; then end to end, up to the bytes
-of a forward_backward request, with list and numpy model input. The SPEC
+of a forward_backward request, with list and numpy model input. The contract's
 reference (plain Python that checks every value) is a labelled last line.
 
     python bench/demo.py [workload]        (default: single_turn_long)
@@ -86,7 +86,7 @@ def main() -> None:
     del datums, metadata
     feat = e2e.features()
 
-    print("\ncompute_advantages + assemble_training_data (median of 5; ns per position of SPEC §5's per-turn rows):")
+    print("\ncompute_advantages + assemble_training_data (median of 5; ns per position of the per-turn rows):")
     ours = median_time(lambda: pipeline(trd, groups), 5)
     print(line("tinker_rl_data", ours, n_pos))
     port = median_time(lambda: pipeline(evsys_style, groups), 3)
@@ -124,9 +124,9 @@ def main() -> None:
     t0 = time.perf_counter()
     pipeline(reference, groups)
     spec = time.perf_counter() - t0
-    print("\nfor reference only, not the module replaced: the SPEC reference (tests/reference.py,")
+    print("\nfor reference only, not the module replaced: the contract reference (tests/reference.py,")
     print("plain Python checking every value), one run:")
-    print(line("SPEC reference", spec, n_pos, ours))
+    print(line("contract reference", spec, n_pos, ours))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""End to end: rollouts to request bytes (issue 9), on the SPEC §5 workloads.
+"""End to end: rollouts to request bytes (issue 9), on the workloads of bench/workloads.py.
 
 Each path runs what a training step runs between scored rollouts and the
 bytes of a forward_backward request: compute_advantages, then
@@ -234,7 +234,7 @@ def run(workload_names, repeats: int, memory: bool = True, log=print) -> dict:
                                                    "tinker_rl_data.cookbook", outputs["tinker_rl_data.cookbook"]))
         if name == "multi_turn_agent":
             notes.append(f"{name}: {n_pos:,} positions in {n_datums} per-turn rows; {m_pos:,} positions in "
-                         f"{m_datums} rows after merging (SPEC §6, as tinker-cookbook merges)")
+                         f"{m_datums} rows after merging (docs/contract.md §6, as tinker-cookbook merges)")
         del groups, cb_groups, outputs, results
         gc.collect()
     mem = []
@@ -301,7 +301,7 @@ def markdown(result: dict) -> str:
         ".SerializeToString()`",
         f"(what every `forward_backward` call runs), median of {result['repeats']} runs after a warm-up, "
         "GC enabled. ns / position",
-        "counts the package's per-turn rows (SPEC §5) for every path, so a path that merges turns is",
+        "counts the package's per-turn rows (per turn) for every path, so a path that merges turns is",
         "credited with the positions it did not have to send; \"positions sent\" are the model-input",
         "positions in the request. The tinker-cookbook paths run on the same rollouts converted to",
         "cookbook types (outside the clock), with provenance on (its default; every action has a",

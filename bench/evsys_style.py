@@ -2,8 +2,8 @@
 (evsys_sdk.training.data_processing, itself a port of tinker-cookbook's):
 no input checks, one Python step per token position, tinker's public
 constructors (numpy instead of torch for the tensors). It is the fastest
-plain-Python baseline, next to the SPEC reference, which also checks every
-value as SPEC §4 asks. It follows SPEC's shift for empty prompts, so the
+plain-Python baseline, next to the contract reference, which also checks every
+value as docs/contract.md §4 asks. It follows the contract's shift for empty prompts, so the
 rows are the same as the package's on the benchmark batches."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Seeded synthetic rollout batches shaped like real RL steps (SPEC §5)."""
+"""Seeded synthetic rollout batches shaped like real RL steps: the workloads
+of every table in bench/RESULTS.md."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def positions(groups: list[TrajectoryGroup]) -> tuple[int, int]:
 
 def merged_positions(groups: list[TrajectoryGroup]) -> tuple[int, int]:
     """(token positions, datums) after merging turns whose prompt extends the
-    sequence so far (SPEC §6, tinker-cookbook's rule), in plain Python."""
+    sequence so far (docs/contract.md §6, tinker-cookbook's rule), in plain Python."""
     n_pos = n_datums = 0
 
     def close(seq_len: int, has_target: bool) -> None:

@@ -192,7 +192,7 @@ def _check_advantage_options(normalize, baseline, scale_by_std, eps):
 
 
 def group_advantages(rs, *, baseline="mean", scale_by_std=False, eps=1e-6):
-    """SPEC §7 for one group of 2+ rewards, in exact arithmetic (the standard
+    """docs/contract.md §7 for one group of 2+ rewards, in exact arithmetic (the standard
     deviation to 60 digits), each result rounded once to a float."""
     n = len(rs)
     exact = [Fraction(r) for r in rs]
@@ -227,7 +227,7 @@ def compute_advantages(groups, *, normalize=True, baseline="mean", scale_by_std=
 
 
 def remove_constant_reward_groups(groups):
-    """SPEC §8: the groups (same objects, in order) whose rewards are not all
+    """docs/contract.md §8: the groups (same objects, in order) whose rewards are not all
     equal; a group of 0 or 1 trajectories is constant."""
     groups = list(_groups(groups))
     per_group = rewards_of(groups)
@@ -285,7 +285,7 @@ def turn_rows(prompt, completion, logprobs, advantage):
 
 
 def merged_rows(turns, advantage):
-    """SPEC §6 for one trajectory: turns is a list of (prompt, completion,
+    """docs/contract.md §6 for one trajectory: turns is a list of (prompt, completion,
     logprobs), already checked. Yields (first_turn, n_turns, rows) for every
     Datum kept, rows as turn_rows gives them."""
     seq, completion_flag, lps, advs = [], [], [], []
@@ -349,7 +349,7 @@ def _datum(inputs, targets, lps, advs):
 
 
 def assemble_training_data(groups, advantages, *, merge_turns=False, vocab_size=None):
-    """Checks the batch in two sweeps, as SPEC's contract has it: first its
+    """Checks the batch in two sweeps, as the contract has it: first its
     structure, rewards, advantages and tags, then every token and logprob;
     each sweep reports the first problem in batch order."""
     groups = _batch(_groups(groups))

@@ -1,4 +1,4 @@
-"""SPEC §7: advantage baselines ("mean", "leave_one_out") and scaling by the
+"""docs/contract.md §7: advantage baselines ("mean", "leave_one_out") and scaling by the
 group's sample standard deviation, against the reference (exact arithmetic,
 rounded once) and against hand-computed values."""
 
@@ -75,7 +75,7 @@ def assert_close(ours, theirs, reward_groups, kwargs):
             assert got == [float(r) for r in rs]  # a group of one keeps its reward, whatever the options
             continue
         if kwargs.get("scale_by_std") and kwargs.get("eps", 1e-6) == 0 and statistics.stdev(rs) < 1e-150:
-            # eps=0 on a constant group is 0 / 0, which SPEC §7 leaves open (the
+            # eps=0 on a constant group is 0 / 0, which docs/contract.md §7 leaves open (the
             # reference gives 0.0); on a near-constant one of subnormal rewards
             # the variance underflows a float.
             continue

@@ -1,4 +1,4 @@
-"""SPEC §8: remove_constant_reward_groups, and the vocab_size check of
+"""docs/contract.md §8: remove_constant_reward_groups, and the vocab_size check of
 assemble_training_data / assemble_arrays (per turn and merged)."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_filter_warns_once_when_none_remain(caplog):
 
 
 def test_filter_of_no_groups_is_empty_and_warns(caplog):
-    # SPEC §8 read literally: none remain, so [] and one warning (as
+    # docs/contract.md §8 read literally: none remain, so [] and one warning (as
     # tinker-cookbook, which warns on an empty list too).
     with caplog.at_level("WARNING", logger="tinker_rl_data"):
         assert trd.remove_constant_reward_groups([]) == []

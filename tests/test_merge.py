@@ -1,4 +1,4 @@
-"""SPEC §6: merged multi-turn rows (`merge_turns=True`) against the plain-Python
+"""docs/contract.md §6: merged multi-turn rows (`merge_turns=True`) against the plain-Python
 reference, on random trajectories whose prompts extend the sequence so far,
 almost extend it, or start again."""
 

@@ -131,10 +131,12 @@ pub fn evsys_datums<'py>(
                     },
                 ],
                 n,
-                group: traj.group,
-                trajectory: traj.index,
-                first_turn: row.first_turn,
-                n_turns: row.n_turns,
+                meta: RowMeta {
+                    group: traj.group,
+                    trajectory: traj.index,
+                    first_turn: row.first_turn,
+                    n_turns: row.n_turns,
+                },
             });
             Ok(())
         },
@@ -145,13 +147,11 @@ pub fn evsys_datums<'py>(
         if i % SIGNAL_CHECK_ROWS == SIGNAL_CHECK_ROWS - 1 {
             py.check_signals()?;
         }
-        let meta = RowMeta {
-            group: row.group,
-            trajectory: row.trajectory,
-            first_turn: row.first_turn,
-            n_turns: row.n_turns,
-        };
-        metadata.append(build::metadata(&classes.metadata, &meta, &batch.tags[meta.group])?)?;
+        metadata.append(build::metadata(
+            &classes.metadata,
+            &row.meta,
+            &batch.tags[row.meta.group],
+        )?)?;
         datums.append(build::datum(classes, None, row)?)?;
     }
     Ok((datums, metadata, fit))

@@ -171,10 +171,7 @@ pub struct FilledRow<'py> {
     pub provenance: Option<(Vec<SpanOut<'py>>, Vec<SpanOut<'py>>)>,
     /// Positions (`len(S) - 1`).
     pub n: usize,
-    pub group: usize,
-    pub trajectory: usize,
-    pub first_turn: usize,
-    pub n_turns: usize,
+    pub meta: RowMeta,
 }
 
 type NewFunc =
@@ -358,7 +355,8 @@ fn span_list<'py>(classes: &SpanClasses<'py>, spans: &[SpanOut<'py>]) -> PyResul
     Ok(list.into_any())
 }
 
-/// Where a row came from, as the evsys API's `DatumMetadata`.
+/// Where a row came from: its group, trajectory and turns (the evsys API's
+/// `DatumMetadata`; the cookbook's `{"group_idx", "traj_idx"}`).
 pub struct RowMeta {
     pub group: usize,
     pub trajectory: usize,

@@ -22,7 +22,7 @@ use pyo3::types::{PyFloat, PyList, PyTuple};
 use crate::error::{ErrorKind, InputError, Location, StepName};
 use crate::plan::{plan_rows, Keep, Merge, Piece, Plan, Row, Trajectory, TurnSpan};
 use crate::py::build::{
-    self, ChunkOut, Column, DatumClasses, FilledRow, GcPaused, LossInput, ModelInputOut, SpanClasses,
+    self, ChunkOut, Column, DatumClasses, FilledRow, GcPaused, LossInput, ModelInputOut, RowMeta, SpanClasses,
 };
 use crate::py::read::{any_real, attr, holds_ints, Item, ItemKind, Items, MAX_TOKEN};
 use crate::rows::{fill_row, Inputs, RowOut};
@@ -577,10 +577,12 @@ fn cookbook_row<'py>(
             loss_input("mask", "float32", mask.into_array().into_any()),
         ],
         n,
-        group: g,
-        trajectory: t,
-        first_turn: row.first_turn,
-        n_turns: row.n_turns,
+        meta: RowMeta {
+            group: g,
+            trajectory: t,
+            first_turn: row.first_turn,
+            n_turns: row.n_turns,
+        },
     };
     Ok(filled)
 }
@@ -677,7 +679,7 @@ pub fn cookbook_datums<'py>(
     let datums = PyList::empty(py);
     let pairs = PyList::empty(py);
     for row in rows {
-        pairs.append(PyTuple::new(py, [row.group, row.trajectory])?)?;
+        pairs.append(PyTuple::new(py, [row.meta.group, row.meta.trajectory])?)?;
         datums.append(build::datum(classes, span_classes, row)?)?;
     }
     Ok((datums, pairs))

@@ -59,19 +59,40 @@ fn reward_of(trajectory: &Bound<'_, PyAny>, at: Location) -> PyResult<f64> {
     )
 }
 
-/// Each group's trajectory count and all rewards, in order, checked.
-pub fn read_rewards(groups: &Bound<'_, PyAny>) -> PyResult<(Vec<usize>, Vec<f64>)> {
+/// Every trajectory's reward, in batch order, and each group's count.
+pub struct Rewards {
+    pub sizes: Vec<usize>,
+    pub all: Vec<f64>,
+}
+
+impl Rewards {
+    /// Each group's rewards.
+    pub fn groups(&self) -> impl Iterator<Item = &[f64]> {
+        self.sizes.iter().scan(0, |start, &size| {
+            let group = &self.all[*start..*start + size];
+            *start += size;
+            Some(group)
+        })
+    }
+}
+
+/// The batch's rewards, checked.
+pub fn read_rewards(groups: &Bound<'_, PyAny>) -> PyResult<Rewards> {
     let groups = Items::of(groups, "trajectory_groups", ItemKind::Object, Location::BATCH)?;
-    let mut sizes = Vec::with_capacity(groups.len());
-    let mut rewards = Vec::new();
+    let mut rewards = Rewards {
+        sizes: Vec::with_capacity(groups.len()),
+        all: Vec::new(),
+    };
     for g in 0..groups.len() {
         let trajectories = trajectories_of(&groups.get(g)?, g)?;
         for t in 0..trajectories.len() {
-            rewards.push(reward_of(&trajectories.get(t)?, Location::trajectory(g, t))?);
+            rewards
+                .all
+                .push(reward_of(&trajectories.get(t)?, Location::trajectory(g, t))?);
         }
-        sizes.push(trajectories.len());
+        rewards.sizes.push(trajectories.len());
     }
-    Ok((sizes, rewards))
+    Ok(rewards)
 }
 
 /// Sweep 1: the batch's structure, rewards, advantages and (with `with_tags`) tags.

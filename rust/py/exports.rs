@@ -80,17 +80,15 @@ pub fn py_compute_advantages(
             scale_by_std,
             eps,
         };
-        let (sizes, rewards) = read_rewards(groups)?;
-        let mut rest = &rewards[..];
-        let mut out = Vec::with_capacity(sizes.len());
-        for size in sizes {
-            let (group, tail) = rest.split_at(size);
-            let mut advantages = Vec::with_capacity(size);
-            extend_group_advantages(group, rule, &mut advantages);
-            out.push(advantages);
-            rest = tail;
-        }
-        Ok(out)
+        let rewards = read_rewards(groups)?;
+        Ok(rewards
+            .groups()
+            .map(|group| {
+                let mut advantages = Vec::with_capacity(group.len());
+                extend_group_advantages(group, rule, &mut advantages);
+                advantages
+            })
+            .collect())
     })
 }
 
@@ -99,8 +97,8 @@ pub fn py_compute_advantages(
 #[pyfunction(name = "reward_metrics")]
 pub fn py_reward_metrics(groups: &Bound<'_, PyAny>) -> PyResult<Option<(f64, f64, usize, usize)>> {
     guarded(|| {
-        let (sizes, rewards) = read_rewards(groups)?;
-        Ok(reward_stats(&rewards).map(|s| (s.mean, s.std, rewards.len(), sizes.len())))
+        let rewards = read_rewards(groups)?;
+        Ok(reward_stats(&rewards.all).map(|s| (s.mean, s.std, rewards.all.len(), rewards.sizes.len())))
     })
 }
 
@@ -120,17 +118,13 @@ pub fn py_group_tags<'py>(groups: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py,
 #[pyfunction(name = "varied_reward_groups")]
 pub fn py_varied_reward_groups(groups: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
     guarded(|| {
-        let (sizes, rewards) = read_rewards(groups)?;
-        let mut rest = &rewards[..];
-        let mut kept = Vec::new();
-        for (g, size) in sizes.into_iter().enumerate() {
-            let (group, tail) = rest.split_at(size);
-            if !is_constant(group) {
-                kept.push(g);
-            }
-            rest = tail;
-        }
-        Ok(kept)
+        let rewards = read_rewards(groups)?;
+        Ok(rewards
+            .groups()
+            .enumerate()
+            .filter(|(_, group)| !is_constant(group))
+            .map(|(g, _)| g)
+            .collect())
     })
 }
 
