@@ -416,8 +416,7 @@ fn input_chunks<'py>(
 /// property, an `__index__`) may have changed those lists, so the result
 /// is checked against the values read, and made from them if it differs.
 fn text_tokens<'py>(py: Python<'py>, traj: &TrajectoryIn<'py>, run: &[Range<usize>]) -> PyResult<Bound<'py, PyList>> {
-    let values = || run.iter().flat_map(|r| traj.plain.elements[r.clone()].iter().copied());
-    let total = run.iter().map(ExactSizeIterator::len).sum();
+    let runs = || run.iter().map(|r| &traj.plain.elements[r.clone()]);
     let out = PyList::empty(py);
     build::untrack_list(&out);
     'share: for r in run {
@@ -438,10 +437,10 @@ fn text_tokens<'py>(py: Python<'py>, traj: &TrajectoryIn<'py>, run: &[Range<usiz
             (a, k) = (b, k + 1);
         }
     }
-    if holds_ints(&out, total, values()) {
+    if holds_ints(&out, runs()) {
         return Ok(out);
     }
-    let out = PyList::new(py, values())?;
+    let out = PyList::new(py, runs().flatten().copied())?;
     build::untrack_list(&out);
     Ok(out)
 }

@@ -345,33 +345,39 @@ impl Items<'_> {
     }
 }
 
-/// Whether `list` holds exactly `values` (`len` of them), each as an exact
-/// `int`: checks a model input made by sharing the caller's ints against
-/// what was read.
-pub fn holds_ints(list: &Bound<'_, PyList>, len: usize, values: impl Iterator<Item = i64>) -> bool {
-    if list.len() != len {
-        return false;
-    }
-    for (i, expected) in values.enumerate() {
-        // SAFETY: `list` is alive and `i` is below its length, which no
-        // code changes meanwhile: only the exact-int read runs while `item`
-        // is used, plain C that runs no Python code.
-        #[allow(clippy::cast_possible_wrap)]
-        let same = unsafe {
-            let item = ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t);
-            if !item.is_null() && ffi::Py_TYPE(item) == std::ptr::addr_of_mut!(ffi::PyLong_Type) {
-                let mut overflow = 0;
-                let v = ffi::PyLong_AsLongLongAndOverflow(item, &raw mut overflow);
-                overflow == 0 && v == expected
-            } else {
-                false
-            }
-        };
-        if !same {
+/// Whether `list` holds exactly the values of `runs`, in order, each as an
+/// exact `int`: checks a model input made by sharing the caller's ints
+/// against what was read.
+pub fn holds_ints<'a>(list: &Bound<'_, PyList>, runs: impl Iterator<Item = &'a [i64]>) -> bool {
+    // Nothing below runs Python code, so the length stays as read here.
+    let len = list.len();
+    let mut i = 0;
+    for run in runs {
+        if run.len() > len - i {
             return false;
         }
+        for &expected in run {
+            // SAFETY: `list` is alive and `i < len`, its unchanging length;
+            // only the exact-int read runs while `item` is used, plain C
+            // that runs no Python code.
+            #[allow(clippy::cast_possible_wrap)]
+            let same = unsafe {
+                let item = ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t);
+                if ffi::Py_TYPE(item) == std::ptr::addr_of_mut!(ffi::PyLong_Type) {
+                    let mut overflow = 0;
+                    let v = ffi::PyLong_AsLongLongAndOverflow(item, &raw mut overflow);
+                    overflow == 0 && v == expected
+                } else {
+                    false
+                }
+            };
+            if !same {
+                return false;
+            }
+            i += 1;
+        }
     }
-    true
+    i == len
 }
 
 /// What `operator.index` made of a token.
