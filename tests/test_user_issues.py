@@ -182,11 +182,17 @@ advantages = trd.compute_advantages(groups)
 
 trd.assemble_training_data(groups[:2], advantages[:2])  # warm-up
 gc.collect()
-start = time.perf_counter()
-result = trd.assemble_training_data(groups, advantages)
-duration = time.perf_counter() - start
-del result
-gc.collect()
+while True:
+    start = time.perf_counter()
+    result = trd.assemble_training_data(groups, advantages)
+    duration = time.perf_counter() - start
+    del result
+    gc.collect()
+    if duration >= 0.5 or len(groups) >= 16 * {n_groups}:
+        break
+    # Too quick to time an interrupt against: the same groups again (the
+    # batch's list repeats them; no new rollouts are made).
+    groups, advantages = groups * 2, advantages * 2
 
 def on_alarm(signum, frame):
     raise KeyboardInterrupt
