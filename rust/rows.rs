@@ -73,23 +73,21 @@ pub fn fill_row(
                 .for_each(|(d, &s)| {
                     d.write(s.max(0));
                 });
-            if piece.completion {
-                let (advantage, weight) = weights(piece.turn);
+            // Completion targets carry their logprob, advantage and mask;
+            // the other positions 0 in all three.
+            let (advantage, weight) = if piece.completion {
                 write(
                     &mut logprob_out[span.clone()],
                     &logprobs[piece.elements.start + skip..piece.elements.end],
                 );
-                advantages[span.clone()].fill(MaybeUninit::new(advantage));
-                if let Some(mask) = &mut mask {
-                    mask[span].fill(MaybeUninit::new(weight));
-                }
+                weights(piece.turn)
             } else {
-                for column in [&mut *logprob_out, &mut *advantages] {
-                    column[span.clone()].fill(MaybeUninit::new(0.0));
-                }
-                if let Some(mask) = &mut mask {
-                    mask[span].fill(MaybeUninit::new(0.0));
-                }
+                logprob_out[span.clone()].fill(MaybeUninit::new(0.0));
+                (0.0, 0.0)
+            };
+            advantages[span.clone()].fill(MaybeUninit::new(advantage));
+            if let Some(mask) = &mut mask {
+                mask[span].fill(MaybeUninit::new(weight));
             }
         }
         at += k;

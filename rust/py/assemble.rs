@@ -7,7 +7,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::plan::{plan_rows, Keep, Merge, Piece, Plan, Trajectory};
-use crate::py::build::{self, Column, DatumClasses, FilledRow, GcPaused, LossInput, ModelInputOut, RowMeta};
+use crate::py::build::{
+    self, Column, DatumClasses, Dtype, FilledRow, GcPaused, LossInput, LossKey, ModelInputOut, RowMeta,
+};
 use crate::py::evsys::{self, Batch, FitReport, TrajectoryIn};
 use crate::py::read::MAX_TOKEN;
 use crate::rows::{fill_row, Inputs, RowOut};
@@ -115,18 +117,18 @@ pub fn evsys_datums<'py>(
                 provenance: None,
                 loss_inputs: vec![
                     LossInput {
-                        key: "target_tokens",
-                        dtype: "int64",
+                        key: LossKey::TargetTokens,
+                        dtype: Dtype::Int64,
                         array: targets.into_array().into_any(),
                     },
                     LossInput {
-                        key: "logprobs",
-                        dtype: "float32",
+                        key: LossKey::Logprobs,
+                        dtype: Dtype::Float32,
                         array: lps.into_array().into_any(),
                     },
                     LossInput {
-                        key: "advantages",
-                        dtype: "float32",
+                        key: LossKey::Advantages,
+                        dtype: Dtype::Float32,
                         array: advs.into_array().into_any(),
                     },
                 ],
@@ -184,12 +186,9 @@ fn model_input_list<'py>(
                 (&turn.prompt, span.prompt.start)
             };
             let (a, b) = (piece.elements.start - field_start, piece.elements.end - field_start);
-            let Some(part) = items.share(a, b) else {
+            if !items.append_to(&out, a, b)? {
                 return model_input_from_values(py, trajectory, pieces, n);
-            };
-            let end = out.len();
-            // `part` is an exact list or tuple: CPython copies it in C.
-            out.set_slice(end, end, &part)?;
+            }
         }
         out.del_slice(n, n + 1)?;
         debug_assert_eq!(out.len(), n);

@@ -141,25 +141,48 @@ pub fn text_chunk<'py>(cls: &Bound<'py, PyType>, tokens: &Bound<'py, PyAny>) -> 
     pydantic_model(cls, &fields, intern!(py, "tokens"))
 }
 
-/// A key or dtype name of a loss input, interned once per process (as
-/// `intern!` does): interning anew per Datum cost 6% of a cookbook call.
-fn name<'py>(py: Python<'py>, text: &'static str) -> Bound<'py, PyString> {
-    match text {
-        "target_tokens" => intern!(py, "target_tokens"),
-        "logprobs" => intern!(py, "logprobs"),
-        "advantages" => intern!(py, "advantages"),
-        "mask" => intern!(py, "mask"),
-        "int64" => intern!(py, "int64"),
-        "float32" => intern!(py, "float32"),
-        other => return PyString::intern(py, other),
-    }
-    .clone()
+/// The keys of `loss_fn_inputs`.
+#[derive(Clone, Copy)]
+pub enum LossKey {
+    TargetTokens,
+    Logprobs,
+    Advantages,
+    Mask,
 }
 
-/// One loss input: its key, its dtype's name, its array.
+/// The dtypes of `TensorData`.
+#[derive(Clone, Copy)]
+pub enum Dtype {
+    Int64,
+    Float32,
+}
+
+// Names interned once per process by `intern!`: interning anew per Datum
+// cost 6% of a cookbook call.
+impl LossKey {
+    fn name(self, py: Python<'_>) -> &Bound<'_, PyString> {
+        match self {
+            LossKey::TargetTokens => intern!(py, "target_tokens"),
+            LossKey::Logprobs => intern!(py, "logprobs"),
+            LossKey::Advantages => intern!(py, "advantages"),
+            LossKey::Mask => intern!(py, "mask"),
+        }
+    }
+}
+
+impl Dtype {
+    fn name(self, py: Python<'_>) -> &Bound<'_, PyString> {
+        match self {
+            Dtype::Int64 => intern!(py, "int64"),
+            Dtype::Float32 => intern!(py, "float32"),
+        }
+    }
+}
+
+/// One loss input: its key, its dtype, its array.
 pub struct LossInput<'py> {
-    pub key: &'static str,
-    pub dtype: &'static str,
+    pub key: LossKey,
+    pub dtype: Dtype,
     pub array: Bound<'py, PyAny>,
 }
 
@@ -275,7 +298,7 @@ fn tensor<'py>(cls: &Bound<'py, PyType>, input: &LossInput<'py>, n: usize) -> Py
     dataclass(
         cls,
         [
-            (intern!(py, "dtype"), name(py, input.dtype).as_any()),
+            (intern!(py, "dtype"), input.dtype.name(py).as_any()),
             (intern!(py, "shape"), shape.as_any()),
             (intern!(py, "sparse_crow_indices"), &none),
             (intern!(py, "sparse_col_indices"), &none),
@@ -284,7 +307,6 @@ fn tensor<'py>(cls: &Bound<'py, PyType>, input: &LossInput<'py>, n: usize) -> Py
     )
 }
 
-/// The Datum of a row, built directly.
 /// The Datum of a row, built directly; `spans` makes its provenance spans.
 pub fn datum<'py>(
     classes: &DatumClasses<'py>,
@@ -311,7 +333,7 @@ pub fn datum<'py>(
     let model_input = pydantic_model(&classes.model_input, &input_fields, intern!(py, "chunks"))?;
     let loss_fn_inputs = PyDict::new(py);
     for input in &row.loss_inputs {
-        loss_fn_inputs.set_item(name(py, input.key), tensor(&classes.tensor_data, input, row.n)?)?;
+        loss_fn_inputs.set_item(input.key.name(py), tensor(&classes.tensor_data, input, row.n)?)?;
     }
     let none = py.None().into_bound(py);
     let (input_spans, target_spans) = match (&row.provenance, spans) {

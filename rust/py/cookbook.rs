@@ -22,7 +22,8 @@ use pyo3::types::{PyFloat, PyList, PyTuple};
 use crate::error::{ErrorKind, InputError, Location, StepName};
 use crate::plan::{plan_rows, Keep, Merge, Piece, Plan, Row, Trajectory, TurnSpan};
 use crate::py::build::{
-    self, ChunkOut, Column, DatumClasses, FilledRow, GcPaused, LossInput, ModelInputOut, RowMeta, SpanClasses,
+    self, ChunkOut, Column, DatumClasses, Dtype, FilledRow, GcPaused, LossInput, LossKey, ModelInputOut, RowMeta,
+    SpanClasses,
 };
 use crate::py::read::{any_real, attr, holds_ints, Item, ItemKind, Items, MAX_TOKEN};
 use crate::rows::{fill_row, Inputs, RowOut};
@@ -109,23 +110,13 @@ fn read_observation<'py>(
     let limit = MAX_TOKEN + 1;
     let start = out.plain.elements.len();
     let ob = attr(transition, intern!(py, "ob"), at)?;
-    let chunks = Items::of(
-        &attr(&ob, intern!(py, "chunks"), at)?,
-        "ob.chunks",
-        ItemKind::Object,
-        at,
-    )?;
+    let chunks = Items::of_attr(&ob, intern!(py, "chunks"), "ob.chunks", ItemKind::Object, at)?;
     let mut length_error = None;
     for c in 0..chunks.len() {
         let chunk = chunks.get(c)?;
         // The exact class first: pydantic's isinstance goes through ABCMeta.
         if chunk.get_type().is(text_chunk) || chunk.is_instance(text_chunk)? {
-            let tokens = Items::of(
-                &attr(&chunk, intern!(py, "tokens"), at)?,
-                "ob tokens",
-                ItemKind::Token,
-                at,
-            )?;
+            let tokens = Items::of_attr(&chunk, intern!(py, "tokens"), "ob tokens", ItemKind::Token, at)?;
             let first = out.plain.elements.len();
             tokens.read_tokens("ob tokens", limit, at, &mut out.plain.elements)?;
             out.sources.push((tokens, first));
@@ -167,8 +158,9 @@ fn read_trajectory<'py>(
     let py = trajectory.py();
     let limit = MAX_TOKEN + 1;
     let at = Location::trajectory(g, t);
-    let transitions = Items::of(
-        &attr(trajectory, intern!(py, "transitions"), at)?,
+    let transitions = Items::of_attr(
+        trajectory,
+        intern!(py, "transitions"),
         "transitions",
         ItemKind::Object,
         at,
@@ -179,7 +171,7 @@ fn read_trajectory<'py>(
         let start = out.plain.elements.len();
         read_observation(&transition, text_chunk, at, out)?;
         let ac = attr(&transition, intern!(py, "ac"), at)?;
-        let tokens = Items::of(&attr(&ac, intern!(py, "tokens"), at)?, "ac.tokens", ItemKind::Token, at)?;
+        let tokens = Items::of_attr(&ac, intern!(py, "tokens"), "ac.tokens", ItemKind::Token, at)?;
         let mid = out.plain.elements.len();
         tokens.read_tokens("ac.tokens", limit, at, &mut out.plain.elements)?;
         let n_tokens = tokens.len();
@@ -429,11 +421,9 @@ fn text_tokens<'py>(py: Python<'py>, traj: &TrajectoryIn<'py>, run: &[Range<usiz
                 break 'share;
             };
             let b = r.end.min(first + items.len());
-            let Some(part) = items.share(a - first, b - first) else {
+            if !items.append_to(&out, a - first, b - first)? {
                 break 'share;
-            };
-            let end = out.len();
-            out.set_slice(end, end, &part)?;
+            }
             (a, k) = (b, k + 1);
         }
     }
@@ -477,7 +467,7 @@ fn without_zero_width(pieces: &[Piece], elements: &[i64]) -> (Vec<Piece>, Vec<(u
     (kept, zero_width)
 }
 
-fn loss_input<'py>(key: &'static str, dtype: &'static str, array: Bound<'py, PyAny>) -> LossInput<'py> {
+fn loss_input(key: LossKey, dtype: Dtype, array: Bound<'_, PyAny>) -> LossInput<'_> {
     LossInput { key, dtype, array }
 }
 
@@ -551,18 +541,23 @@ fn cookbook_row<'py>(
         Some(LogprobColumn::Int(column)) => {
             let mut ints = Column::<i64>::zeros(py, n);
             ints.slice_mut().copy_from_slice(&column);
-            logprobs = Some(loss_input("logprobs", "int64", ints.into_array().into_any()));
+            logprobs = Some(loss_input(
+                LossKey::Logprobs,
+                Dtype::Int64,
+                ints.into_array().into_any(),
+            ));
         }
     }
-    let logprobs = logprobs.unwrap_or_else(|| loss_input("logprobs", "float32", lps.into_array().into_any()));
+    let logprobs =
+        logprobs.unwrap_or_else(|| loss_input(LossKey::Logprobs, Dtype::Float32, lps.into_array().into_any()));
     // No action token among the targets: the cookbook's advantages are all
     // Python ints there, so torch makes them int64.
     let advantages = if row.completion_target {
-        loss_input("advantages", "float32", advs.into_array().into_any())
+        loss_input(LossKey::Advantages, Dtype::Float32, advs.into_array().into_any())
     } else {
         loss_input(
-            "advantages",
-            "int64",
+            LossKey::Advantages,
+            Dtype::Int64,
             Column::<i64>::zeros(py, n).into_array().into_any(),
         )
     };
@@ -570,10 +565,10 @@ fn cookbook_row<'py>(
         model_input: ModelInputOut::Chunks(input_chunks(py, traj, pieces, &zero_width, n)?),
         provenance,
         loss_inputs: vec![
-            loss_input("target_tokens", "int64", targets.into_array().into_any()),
+            loss_input(LossKey::TargetTokens, Dtype::Int64, targets.into_array().into_any()),
             logprobs,
             advantages,
-            loss_input("mask", "float32", mask.into_array().into_any()),
+            loss_input(LossKey::Mask, Dtype::Float32, mask.into_array().into_any()),
         ],
         n,
         meta: RowMeta {
@@ -641,8 +636,13 @@ pub fn cookbook_datums<'py>(
     for g in 0..groups.len() {
         let at = Location::group(g);
         let group = groups.get(g)?;
-        let trajectories = attr(&group, intern!(py, "trajectories_G"), at)?;
-        let trajectories = Items::of(&trajectories, "trajectories_G", ItemKind::Object, at)?;
+        let trajectories = Items::of_attr(
+            &group,
+            intern!(py, "trajectories_G"),
+            "trajectories_G",
+            ItemKind::Object,
+            at,
+        )?;
         let group_advantages = Items::of(&advantages.get(g)?, "advantages", ItemKind::Real, at)?;
         for t in 0..trajectories.len() {
             py.check_signals()?;

@@ -42,8 +42,9 @@ pub struct Batch<'py> {
 
 fn trajectories_of<'py>(group: &Bound<'py, PyAny>, g: usize) -> PyResult<Items<'py>> {
     let at = Location::group(g);
-    Items::of(
-        &attr(group, intern!(group.py(), "trajectories"), at)?,
+    Items::of_attr(
+        group,
+        intern!(group.py(), "trajectories"),
         "trajectories",
         ItemKind::Object,
         at,
@@ -139,17 +140,12 @@ pub fn read_structure<'py>(
             reward_of(&trajectory, at)?;
             #[allow(clippy::cast_possible_truncation)] // float32 is the wire dtype; overflow is checked
             let advantage = read_real(&group_advantages.get(t)?, "advantage", true, at)? as f32;
-            let turns = Items::of(
-                &attr(&trajectory, intern!(py, "turns"), at)?,
-                "turns",
-                ItemKind::Object,
-                at,
-            )?;
+            let turns = Items::of_attr(&trajectory, intern!(py, "turns"), "turns", ItemKind::Object, at)?;
             let first = batch.turns.len();
             for u in 0..turns.len() {
                 let at = Location::turn(g, t, u);
                 let turn = turns.get(u)?;
-                let field = |name, what, kind| Items::of(&attr(&turn, name, at)?, what, kind, at);
+                let field = |name, what, kind| Items::of_attr(&turn, name, what, kind, at);
                 batch.turns.push(TurnIn {
                     prompt: field(intern!(py, "prompt_tokens"), "prompt_tokens", ItemKind::Token)?,
                     completion: field(intern!(py, "completion_tokens"), "completion_tokens", ItemKind::Token)?,

@@ -98,6 +98,18 @@ impl<'py> Items<'py> {
         }
     }
 
+    /// `obj.name` (a located `TypeError` when missing) read as [`Items::of`]
+    /// reads a sequence.
+    pub fn of_attr(
+        obj: &Bound<'py, PyAny>,
+        name: &Bound<'py, PyString>,
+        what: &'static str,
+        kind: ItemKind,
+        at: Location,
+    ) -> PyResult<Self> {
+        Self::of(&attr(obj, name, at)?, what, kind, at)
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -147,20 +159,34 @@ impl<'py> Items<'py> {
         }
     }
 
-    /// Items `a..b` as a new list or tuple sharing them, sliced in C (no
-    /// Python code runs, even for subclasses), for building outputs; `None`
-    /// if a list is now shorter than `b`. An exact list or tuple read whole
-    /// is handed over as it is (nothing to copy).
-    pub fn share(&self, a: usize, b: usize) -> Option<Bound<'py, PyAny>> {
-        match &self.seq {
-            Seq::List(l) if l.len() < b => None,
-            Seq::List(l) if a == 0 && l.len() == b && l.is_exact_instance_of::<PyList>() => Some(l.clone().into_any()),
-            Seq::List(l) => Some(l.get_slice(a, b).into_any()),
-            Seq::Tuple(t) if a == 0 && t.len() == b && t.is_exact_instance_of::<PyTuple>() => {
-                Some(t.clone().into_any())
-            }
-            Seq::Tuple(t) => Some(t.get_slice(a, b).into_any()),
+    /// Appends items `a..b` to `out`, sharing them, copied by CPython in C
+    /// (no Python code runs, even for subclasses); `false`, appending
+    /// nothing, if a list is now shorter than `b`. Of an exact list or tuple,
+    /// a prefix at least half its length is appended whole and its tail cut
+    /// off: one copy, no temporary slice.
+    pub fn append_to(&self, out: &Bound<'py, PyList>, a: usize, b: usize) -> PyResult<bool> {
+        let (seq, len) = match &self.seq {
+            Seq::List(l) => (l.as_any(), l.len()),
+            Seq::Tuple(t) => (t.as_any(), t.len()),
+        };
+        if len < b {
+            return Ok(false);
         }
+        let end = out.len();
+        let exact = seq.is_exact_instance_of::<PyList>() || seq.is_exact_instance_of::<PyTuple>();
+        if a == 0 && exact && len - b <= b {
+            out.set_slice(end, end, seq)?;
+            if b < len {
+                out.del_slice(end + b, end + len)?;
+            }
+        } else {
+            let part = match &self.seq {
+                Seq::List(l) => l.get_slice(a, b).into_any(),
+                Seq::Tuple(t) => t.get_slice(a, b).into_any(),
+            };
+            out.set_slice(end, end, &part)?;
+        }
+        Ok(true)
     }
 }
 
@@ -228,6 +254,38 @@ pub fn token_at(items: &Items<'_>, i: usize, field: &str, limit: i64, at: Locati
     }
 }
 
+/// An exact `int`'s value, if `item` (borrowed, possibly NULL) is one that
+/// fits in an i64. Runs no Python code.
+///
+/// # Safety
+/// `item` is NULL or a live object.
+#[inline]
+unsafe fn exact_int(item: *mut ffi::PyObject) -> Option<i64> {
+    // SAFETY: `item` is live (caller); both calls are plain C for an exact int.
+    unsafe {
+        if item.is_null() || ffi::Py_TYPE(item) != std::ptr::addr_of_mut!(ffi::PyLong_Type) {
+            return None;
+        }
+        let mut overflow = 0;
+        let v = ffi::PyLong_AsLongLongAndOverflow(item, &raw mut overflow);
+        (overflow == 0).then_some(v)
+    }
+}
+
+/// An exact `float`'s value, if `item` (borrowed, possibly NULL) is one.
+/// Runs no Python code.
+///
+/// # Safety
+/// `item` is NULL or a live object.
+#[inline]
+unsafe fn exact_float(item: *mut ffi::PyObject) -> Option<f64> {
+    // SAFETY: `item` is live (caller); both calls are plain C for an exact float.
+    unsafe {
+        (!item.is_null() && ffi::Py_TYPE(item) == std::ptr::addr_of_mut!(ffi::PyFloat_Type))
+            .then(|| ffi::PyFloat_AsDouble(item))
+    }
+}
+
 /// `PyList_GetItem` / `PyTuple_GetItem`.
 type GetItem = unsafe extern "C" fn(*mut ffi::PyObject, ffi::Py_ssize_t) -> *mut ffi::PyObject;
 
@@ -256,16 +314,7 @@ impl Items<'_> {
             // came from a Py_ssize_t. Only the exact-int read runs while
             // `item` is used: plain C that runs no Python code.
             #[allow(clippy::cast_possible_wrap)]
-            let fast = unsafe {
-                let item = get(seq, i as ffi::Py_ssize_t);
-                if !item.is_null() && ffi::Py_TYPE(item) == std::ptr::addr_of_mut!(ffi::PyLong_Type) {
-                    let mut overflow = 0;
-                    let v = ffi::PyLong_AsLongLongAndOverflow(item, &raw mut overflow);
-                    (overflow == 0 && (0..limit).contains(&v)).then_some(v)
-                } else {
-                    None
-                }
-            };
+            let fast = unsafe { exact_int(get(seq, i as ffi::Py_ssize_t)) }.filter(|v| (0..limit).contains(v));
             let v = if let Some(v) = fast {
                 v
             } else {
@@ -298,11 +347,7 @@ impl Items<'_> {
             // SAFETY: as in `read_tokens`: only the exact-float read runs
             // while `item` is used.
             #[allow(clippy::cast_possible_wrap)]
-            let fast = unsafe {
-                let item = get(seq, k as ffi::Py_ssize_t);
-                (!item.is_null() && ffi::Py_TYPE(item) == std::ptr::addr_of_mut!(ffi::PyFloat_Type))
-                    .then(|| ffi::PyFloat_AsDouble(item))
-            };
+            let fast = unsafe { exact_float(get(seq, k as ffi::Py_ssize_t)) };
             let (v, int) = match fast {
                 Some(v) => (v, false),
                 None => any_real(&self.get(k)?, what, Item { field, index: k }, at)?,
@@ -321,15 +366,11 @@ impl Items<'_> {
         for k in 0..self.len {
             // SAFETY: as in `read_tokens`: only the exact-float read runs
             // while `item` is used.
+            // float32 is the wire dtype; overflow is checked.
             #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
-            let fast = unsafe {
-                let item = get(seq, k as ffi::Py_ssize_t);
-                if !item.is_null() && ffi::Py_TYPE(item) == std::ptr::addr_of_mut!(ffi::PyFloat_Type) {
-                    Some(ffi::PyFloat_AsDouble(item) as f32).filter(|v| v.is_finite())
-                } else {
-                    None
-                }
-            };
+            let fast = unsafe { exact_float(get(seq, k as ffi::Py_ssize_t)) }
+                .map(|v| v as f32)
+                .filter(|v| v.is_finite());
             let v = if let Some(v) = fast {
                 v
             } else {
@@ -361,17 +402,8 @@ pub fn holds_ints<'a>(list: &Bound<'_, PyList>, runs: impl Iterator<Item = &'a [
             // only the exact-int read runs while `item` is used, plain C
             // that runs no Python code.
             #[allow(clippy::cast_possible_wrap)]
-            let same = unsafe {
-                let item = ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t);
-                if ffi::Py_TYPE(item) == std::ptr::addr_of_mut!(ffi::PyLong_Type) {
-                    let mut overflow = 0;
-                    let v = ffi::PyLong_AsLongLongAndOverflow(item, &raw mut overflow);
-                    overflow == 0 && v == expected
-                } else {
-                    false
-                }
-            };
-            if !same {
+            let value = unsafe { exact_int(ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t)) };
+            if value != Some(expected) {
                 return false;
             }
             i += 1;
