@@ -25,7 +25,7 @@ use crate::py::build::{
     self, ChunkOut, Column, DatumClasses, Dtype, FilledRow, GcPaused, LossInput, LossKey, ModelInputOut, RowMeta,
     SpanClasses,
 };
-use crate::py::read::{any_real, attr, holds_ints, Item, ItemKind, Items, MAX_TOKEN};
+use crate::py::read::{any_real, attr, Item, ItemKind, Items, MAX_TOKEN};
 use crate::rows::{fill_row, Inputs, RowOut};
 
 /// The positions of a non-text chunk after its first.
@@ -48,6 +48,30 @@ struct TransitionIn<'py> {
     logprobs: std::ops::Range<usize>,
 }
 
+/// A token list as read: its elements `first..first + len`, and a snapshot
+/// taken right after reading it when every item was an exact `int` (so no
+/// Python code ran meanwhile): its ints are the values read, whatever user
+/// code run later (a property, `metrics.get`) does to the caller's list.
+struct Source<'py> {
+    first: usize,
+    len: usize,
+    shared: Option<Items<'py>>,
+}
+
+impl<'py> Source<'py> {
+    /// Reads `tokens` into `out`'s elements.
+    fn read(tokens: &Items<'py>, field: &str, at: Location, out: &mut TrajectoryIn<'py>) -> PyResult<()> {
+        let first = out.plain.elements.len();
+        let exact = tokens.read_tokens(field, MAX_TOKEN + 1, at, &mut out.plain.elements)?;
+        out.sources.push(Source {
+            first,
+            len: tokens.len(),
+            shared: if exact { tokens.snapshot() } else { None },
+        });
+        Ok(())
+    }
+}
+
 /// One trajectory as read.
 #[derive(Default)]
 struct TrajectoryIn<'py> {
@@ -60,14 +84,39 @@ struct TrajectoryIn<'py> {
     transitions: Vec<TransitionIn<'py>>,
     /// The distinct non-text chunks, by id.
     chunks: Vec<Bound<'py, PyAny>>,
-    /// The token lists read, in order, each with the index of its first
-    /// element: text chunks share their ints.
-    sources: Vec<(Items<'py>, usize)>,
+    /// The token lists read, in order: text chunks share their ints.
+    sources: Vec<Source<'py>>,
     /// The elements of the observation of the transition being read, once
     /// read: if reading it then fails, the cookbook would still have acted
     /// on it (built the row it closes) first.
     pending_ob: Option<std::ops::Range<usize>>,
     has_zero_width: bool,
+}
+
+impl TrajectoryIn<'_> {
+    /// Empty, keeping its buffers for the next trajectory.
+    fn clear(&mut self) {
+        let TrajectoryIn {
+            plain,
+            logprobs,
+            raw_logprobs,
+            raw_is_int,
+            transitions,
+            chunks,
+            sources,
+            pending_ob,
+            has_zero_width,
+        } = self;
+        plain.clear();
+        logprobs.clear();
+        raw_logprobs.clear();
+        raw_is_int.clear();
+        transitions.clear();
+        chunks.clear();
+        sources.clear();
+        *pending_ob = None;
+        *has_zero_width = false;
+    }
 }
 
 fn located(kind: ErrorKind, at: Location, message: impl Into<String>) -> PyErr {
@@ -107,7 +156,6 @@ fn read_observation<'py>(
     out: &mut TrajectoryIn<'py>,
 ) -> PyResult<()> {
     let py = transition.py();
-    let limit = MAX_TOKEN + 1;
     let start = out.plain.elements.len();
     let ob = attr(transition, intern!(py, "ob"), at)?;
     let chunks = Items::of_attr(&ob, intern!(py, "chunks"), "ob.chunks", ItemKind::Object, at)?;
@@ -117,9 +165,7 @@ fn read_observation<'py>(
         // The exact class first: pydantic's isinstance goes through ABCMeta.
         if chunk.get_type().is(text_chunk) || chunk.is_instance(text_chunk)? {
             let tokens = Items::of_attr(&chunk, intern!(py, "tokens"), "ob tokens", ItemKind::Token, at)?;
-            let first = out.plain.elements.len();
-            tokens.read_tokens("ob tokens", limit, at, &mut out.plain.elements)?;
-            out.sources.push((tokens, first));
+            Source::read(&tokens, "ob tokens", at, out)?;
         } else {
             // The cookbook asks a chunk its length only after it has acted
             // on the observation (closing the row before it): an error here
@@ -156,7 +202,6 @@ fn read_trajectory<'py>(
     out: &mut TrajectoryIn<'py>,
 ) -> PyResult<()> {
     let py = trajectory.py();
-    let limit = MAX_TOKEN + 1;
     let at = Location::trajectory(g, t);
     let transitions = Items::of_attr(
         trajectory,
@@ -173,9 +218,8 @@ fn read_trajectory<'py>(
         let ac = attr(&transition, intern!(py, "ac"), at)?;
         let tokens = Items::of_attr(&ac, intern!(py, "tokens"), "ac.tokens", ItemKind::Token, at)?;
         let mid = out.plain.elements.len();
-        tokens.read_tokens("ac.tokens", limit, at, &mut out.plain.elements)?;
+        Source::read(&tokens, "ac.tokens", at, out)?;
         let n_tokens = tokens.len();
-        out.sources.push((tokens, mid));
         let logprobs = match ac.getattr_opt(intern!(py, "maybe_logprobs"))? {
             Some(l) => l,
             None => attr(&ac, intern!(py, "logprobs"), at)?,
@@ -403,35 +447,30 @@ fn input_chunks<'py>(
     Ok(chunks)
 }
 
-/// A text run's tokens as a new list. It shares the ints of the lists they
-/// were read from, copied slice by slice in C; user code run since (a
-/// property, an `__index__`) may have changed those lists, so the result
-/// is checked against the values read, and made from them if it differs.
+/// A text run's tokens as a new list, sharing the ints of the snapshots
+/// they were read from (copied slice by slice in C); the values read where
+/// there is none.
 fn text_tokens<'py>(py: Python<'py>, traj: &TrajectoryIn<'py>, run: &[Range<usize>]) -> PyResult<Bound<'py, PyList>> {
-    let runs = || run.iter().map(|r| &traj.plain.elements[r.clone()]);
     let out = PyList::empty(py);
     build::untrack_list(&out);
-    'share: for r in run {
-        let mut k = traj
-            .sources
-            .partition_point(|(items, first)| first + items.len() <= r.start);
+    for r in run {
+        let mut k = traj.sources.partition_point(|s| s.first + s.len <= r.start);
         let mut a = r.start;
         while a < r.end {
-            let Some((items, first)) = traj.sources.get(k) else {
-                break 'share;
+            // Every token element was read from a source.
+            let source = traj.sources.get(k);
+            let b = source.map_or(r.end, |s| r.end.min(s.first + s.len));
+            let shared = match source.and_then(|s| s.shared.as_ref().map(|items| (items, s.first))) {
+                Some((items, first)) => items.append_to(&out, a - first, b - first)?,
+                None => false,
             };
-            let b = r.end.min(first + items.len());
-            if !items.append_to(&out, a - first, b - first)? {
-                break 'share;
+            if !shared {
+                let end = out.len();
+                out.set_slice(end, end, PyList::new(py, &traj.plain.elements[a..b])?.as_any())?;
             }
             (a, k) = (b, k + 1);
         }
     }
-    if holds_ints(&out, runs()) {
-        return Ok(out);
-    }
-    let out = PyList::new(py, runs().flatten().copied())?;
-    build::untrack_list(&out);
     Ok(out)
 }
 
@@ -633,6 +672,7 @@ pub fn cookbook_datums<'py>(
     let advantages = Items::of(advantages, "advantages", ItemKind::Rows, Location::BATCH)?;
     let mut rows = Vec::new();
     let mut plan = Plan::default();
+    let mut traj = TrajectoryIn::default();
     for g in 0..groups.len() {
         let at = Location::group(g);
         let group = groups.get(g)?;
@@ -653,7 +693,7 @@ pub fn cookbook_datums<'py>(
                 index: t,
             };
             let advantage = any_real(&group_advantages.get(t)?, "advantage", item, at)?.0 as f32;
-            let mut traj = TrajectoryIn::default();
+            traj.clear();
             if let Err(e) = read_trajectory(&trajectories.get(t)?, classes.chunk.as_any(), g, t, &mut traj) {
                 rows_before_the_error(classes, &mut traj, &mut plan, (g, t, advantage), span_classes)?;
                 return Err(e);

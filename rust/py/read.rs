@@ -159,6 +159,26 @@ impl<'py> Items<'py> {
         }
     }
 
+    /// The items as they are now, in a sequence of our own that no user
+    /// code can reach: a list's items copied by CPython in C (no Python code
+    /// runs, even for a subclass), a tuple itself. `None` if a list no
+    /// longer has the length read.
+    pub fn snapshot(&self) -> Option<Items<'py>> {
+        let seq = match &self.seq {
+            Seq::List(l) => Seq::List(l.get_slice(0, self.len)),
+            Seq::Tuple(t) => Seq::Tuple(t.clone()),
+        };
+        let copy = Items { seq, ..*self };
+        (copy.current_len() == self.len).then_some(copy)
+    }
+
+    fn current_len(&self) -> usize {
+        match &self.seq {
+            Seq::List(l) => l.len(),
+            Seq::Tuple(t) => t.len(),
+        }
+    }
+
     /// Appends items `a..b` to `out`, sharing them, copied by CPython in C
     /// (no Python code runs, even for subclasses); `false`, appending
     /// nothing, if a list is now shorter than `b`. Of an exact list or tuple,
@@ -341,20 +361,28 @@ impl Items<'_> {
         is_int: &mut Vec<bool>,
     ) -> PyResult<()> {
         let (seq, get) = self.raw();
+        let start = values.len();
         values.reserve(self.len);
-        is_int.reserve(self.len);
-        for k in 0..self.len {
+        let int_start = is_int.len();
+        is_int.resize(int_start + self.len, false);
+        let is_int = &mut is_int[int_start..];
+        let slots = &mut values.spare_capacity_mut()[..self.len];
+        for (k, slot) in slots.iter_mut().enumerate() {
             // SAFETY: as in `read_tokens`: only the exact-float read runs
             // while `item` is used.
             #[allow(clippy::cast_possible_wrap)]
             let fast = unsafe { exact_float(get(seq, k as ffi::Py_ssize_t)) };
-            let (v, int) = match fast {
-                Some(v) => (v, false),
-                None => any_real(&self.get(k)?, what, Item { field, index: k }, at)?,
+            let v = if let Some(v) = fast {
+                v
+            } else {
+                let (v, int) = any_real(&self.get(k)?, what, Item { field, index: k }, at)?;
+                is_int[k] = int;
+                v
             };
-            values.push(v);
-            is_int.push(int);
+            slot.write(v);
         }
+        // SAFETY: the slots up to `start + self.len` were all written above.
+        unsafe { values.set_len(start + self.len) };
         Ok(())
     }
 
@@ -384,32 +412,6 @@ impl Items<'_> {
         }
         Ok(exact)
     }
-}
-
-/// Whether `list` holds exactly the values of `runs`, in order, each as an
-/// exact `int`: checks a model input made by sharing the caller's ints
-/// against what was read.
-pub fn holds_ints<'a>(list: &Bound<'_, PyList>, runs: impl Iterator<Item = &'a [i64]>) -> bool {
-    // Nothing below runs Python code, so the length stays as read here.
-    let len = list.len();
-    let mut i = 0;
-    for run in runs {
-        if run.len() > len - i {
-            return false;
-        }
-        for &expected in run {
-            // SAFETY: `list` is alive and `i < len`, its unchanging length;
-            // only the exact-int read runs while `item` is used, plain C
-            // that runs no Python code.
-            #[allow(clippy::cast_possible_wrap)]
-            let value = unsafe { exact_int(ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t)) };
-            if value != Some(expected) {
-                return false;
-            }
-            i += 1;
-        }
-    }
-    i == len
 }
 
 /// What `operator.index` made of a token.
