@@ -41,6 +41,7 @@ import sys
 from typing import Any, Iterable, Sequence
 
 from . import _core
+from ._gc import gc_paused
 
 __all__ = [
     "assemble_training_data",
@@ -191,8 +192,9 @@ def _core_classes() -> tuple[type, ...]:
 
 def _assemble(
     groups: list[Any], advantages: list[list[float]], include_provenance: bool, strip_location: str = ""
-) -> tuple[list[Any], list[tuple[int, int]]]:
-    """One core call; provenance attached, core errors mapped."""
+) -> tuple[list[Any], list[dict[str, int]]]:
+    """One core call: the Datums and their metadata dicts; provenance
+    attached, core errors mapped."""
     assemble = getattr(_core, "assemble_cookbook", None)
     if assemble is None:
         raise NotImplementedError("this build of tinker_rl_data has no _core.assemble_cookbook")
@@ -200,13 +202,28 @@ def _assemble(
 
     span_classes = (tinker.PromptProvenanceSpan, tinker.SampledProvenanceSpan) if include_provenance else None
     try:
-        datums, pairs = assemble(groups, advantages, _core_classes(), span_classes)
+        datums, metadata = assemble(groups, advantages, _core_classes(), span_classes)
     except ValueError as exc:
         message = str(exc)
         if strip_location and message.startswith(strip_location):
             message = message[len(strip_location) :]
         raise _data_validation_error()(message) from exc
-    return datums, pairs
+    return datums, metadata
+
+
+_SEQUENCES = (list, tuple)
+
+
+def _exact_pairs(trajectories: Any, values: Any) -> bool:
+    """Whether the trajectories and advantages are a list or tuple each, of
+    one length, the advantages all exact floats: pairing them runs no user
+    code and cannot fail."""
+    return (
+        type(trajectories) in _SEQUENCES
+        and type(values) in _SEQUENCES
+        and len(trajectories) == len(values)
+        and (not values or set(map(type, values)) == {float})
+    )
 
 
 def _plain_values(advantages_G: Any) -> Any:
@@ -224,6 +241,7 @@ def _plain_values(advantages_G: Any) -> Any:
     return advantages_G
 
 
+@gc_paused
 def assemble_training_data(
     trajectory_groups_P: Iterable[Any], advantages_P: Iterable[Any], include_provenance: bool = True
 ) -> tuple[list[Any], list[dict[str, int]]]:
@@ -247,13 +265,21 @@ def assemble_training_data(
     where = ""
     try:
         for i_group, (traj_group, advantages_G) in enumerate(zip(trajectory_groups_P, advantages_P, strict=True)):
+            where = f"group {i_group}: "
+            values = _plain_values(advantages_G)
+            trajectories_G = traj_group.trajectories_G
+            if _exact_pairs(trajectories_G, values):
+                # What the loop below would make, without a Python step per
+                # trajectory: float() of a float is itself and runs no code.
+                groups.append(_GroupView(list(trajectories_G)))
+                advantages.append(list(values))
+                where = ""
+                continue
             trajectories: list[Any] = []
             row: list[float] = []
             groups.append(_GroupView(trajectories))
             advantages.append(row)
-            where = f"group {i_group}: "
-            values = _plain_values(advantages_G)
-            for i_traj, (traj, traj_advantage) in enumerate(zip(traj_group.trajectories_G, values, strict=True)):
+            for i_traj, (traj, traj_advantage) in enumerate(zip(trajectories_G, values, strict=True)):
                 where = f"group {i_group}, trajectory {i_traj}: "
                 row.append(float(traj_advantage))
                 trajectories.append(traj)
@@ -262,7 +288,7 @@ def assemble_training_data(
     except Exception as exc:  # raised after the pairs before it, as the cookbook does
         pending = exc
 
-    datums, pairs = _assemble(groups, advantages, include_provenance)
+    datums, metadata = _assemble(groups, advantages, include_provenance)
 
     if pending is not None:
         if type(pending) is ValueError and str(pending).startswith("zip() argument"):
@@ -270,10 +296,10 @@ def assemble_training_data(
             what = "the trajectories and their advantages" if where else "trajectory_groups_P and advantages_P"
             raise ValueError(f"{where}{what} differ in length ({pending})") from None
         raise pending
-    metadata = [{"group_idx": g, "traj_idx": t} for g, t in pairs]
     return datums, metadata
 
 
+@gc_paused
 def trajectory_to_data(traj: Any, traj_advantage: float, include_provenance: bool = True) -> list[Any]:
     """The Datums of one trajectory, as tinker_cookbook 0.6.1's ``trajectory_to_data``.
 

@@ -20,6 +20,7 @@ import tinker
 
 from . import _core
 from ._build import build_datums
+from ._gc import gc_paused
 from .metadata import DatumMetadata
 
 __all__ = [
@@ -91,6 +92,7 @@ def remove_constant_reward_groups(trajectory_groups: Iterable[Group]) -> list[Gr
     return kept
 
 
+@gc_paused
 def assemble_training_data(
     trajectory_groups: Iterable[Any],
     advantages: Advantages,

@@ -17,7 +17,7 @@ use std::ops::Range;
 
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyFloat, PyList, PyTuple};
+use pyo3::types::{PyDict, PyFloat, PyList};
 
 use crate::error::{ErrorKind, InputError, Location, StepName};
 use crate::plan::{plan_rows, Keep, Merge, Piece, Plan, Row, Trajectory, TurnSpan};
@@ -659,7 +659,7 @@ fn rows_before_the_error<'py>(
 
 /// Datums (keys `target_tokens`, `logprobs`, `advantages`, `mask`, with
 /// provenance spans where the cookbook attaches them, when `span_classes`
-/// are given), and each datum's `(group, trajectory)`.
+/// are given), and each datum's metadata `{"group_idx": g, "traj_idx": t}`.
 pub fn cookbook_datums<'py>(
     groups: &Bound<'py, PyAny>,
     advantages: &Bound<'py, PyAny>,
@@ -716,10 +716,14 @@ pub fn cookbook_datums<'py>(
         }
     }
     let datums = PyList::empty(py);
-    let pairs = PyList::empty(py);
+    let metadata = PyList::empty(py);
     for row in rows {
-        pairs.append(PyTuple::new(py, [row.meta.group, row.meta.trajectory])?)?;
+        // A dict of ints: CPython keeps it off the GC's books.
+        let meta = PyDict::new(py);
+        meta.set_item(intern!(py, "group_idx"), row.meta.group)?;
+        meta.set_item(intern!(py, "traj_idx"), row.meta.trajectory)?;
+        metadata.append(meta)?;
         datums.append(build::datum(classes, span_classes, row)?)?;
     }
-    Ok((datums, pairs))
+    Ok((datums, metadata))
 }

@@ -183,7 +183,7 @@ pub fn py_assemble_datums<'py>(
     })
 }
 
-/// tinker-cookbook's rows: `(datums, [(group, trajectory)])`; provenance
+/// tinker-cookbook's rows: `(datums, [{"group_idx": g, "traj_idx": t}])`; provenance
 /// spans attached where the cookbook attaches them when `span_classes`
 /// (`PromptProvenanceSpan`, `SampledProvenanceSpan`) are given.
 #[pyfunction(name = "assemble_cookbook")]
@@ -197,8 +197,8 @@ pub fn py_assemble_cookbook<'py>(
         let py = groups.py();
         let classes = DatumClasses::from(classes);
         let span_classes = span_classes.map(|(prompt, sampled)| SpanClasses { prompt, sampled });
-        let (datums, pairs) = cookbook_datums(groups, advantages, &classes, span_classes.as_ref())?;
-        PyTuple::new(py, [datums.into_any(), pairs.into_any()])
+        let (datums, metadata) = cookbook_datums(groups, advantages, &classes, span_classes.as_ref())?;
+        PyTuple::new(py, [datums.into_any(), metadata.into_any()])
     })
 }
 
