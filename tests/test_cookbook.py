@@ -417,6 +417,39 @@ def test_advantage_mismatch_is_safezips_value_error_with_where():
         ours.assemble_training_data([group], [[0.0, 1.0], [0.0, 1.0]])
 
 
+@pytest.mark.parametrize("enabled", [True, False], ids=["gc-enabled", "gc-disabled"])
+def test_the_gc_state_is_left_as_it_was(enabled):
+    import gc
+
+    traj = Trajectory(transitions=[step(ob(text(1)), [2])], final_ob=ob())
+    group = TrajectoryGroup(trajectories_G=[traj, traj], final_rewards_G=[0.0, 1.0], metrics_G=[{}, {}])
+    calls = [
+        lambda: ours.assemble_training_data([group], [[0.0, 1.0]]),
+        lambda: ours.assemble_training_data([group], [[0.0]]),  # a length mismatch
+        lambda: ours.trajectory_to_data(traj, 0.5),
+    ]
+    was = gc.isenabled()
+    try:
+        for call in calls:
+            gc.enable() if enabled else gc.disable()
+            outcome(call)
+            assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
+
+
+def test_advantages_paired_at_once_or_one_by_one_give_the_same_datums():
+    """Exact floats in a list are paired with the trajectories at once;
+    anything else (ints, a generator) one by one, with float() each."""
+    traj = Trajectory(transitions=[step(ob(text(1, 5)), [2, 3])], final_ob=ob())
+    group = TrajectoryGroup(trajectories_G=[traj, traj], final_rewards_G=[0.0, 1.0], metrics_G=[{}, {}])
+    at_once = ours.assemble_training_data([group], [[-2.0, 1.0]])
+    for advantages in ([(-2, 1.0)], [iter([-2.0, 1.0])], [[-2.0, True]]):
+        one_by_one = ours.assemble_training_data([group], advantages)
+        assert wire_bytes(one_by_one[0]) == wire_bytes(at_once[0])
+        assert one_by_one[1] == at_once[1] == [{"group_idx": 0, "traj_idx": t} for t in range(2)]
+
+
 # --------------------------------------------------------------------------
 # install / uninstall
 
