@@ -363,6 +363,10 @@ CASES = {
     "empty_sequence_id": [step(ob(text(5)), [6, 7], sequence_id="")],
     "empty_sequence_id_prompt_only": [step(ob(text(5, 6)), [], sequence_id="")],
     "empty_sequence_id_after_none": [step(ob(text(5)), [6], sequence_id=None), step(ob(text(5, 6)), [7], sequence_id="")],
+    # The first chunk repeats the sequence so far (not kept), the second extends it / diverges from it.
+    "chunk_repeats_then_extends": [step(ob(text(1, 2)), [3]), step(ob(text(1, 2, 3), text(7, 8)), [9])],
+    "chunk_repeats_then_diverges": [step(ob(text(1, 2)), [3]), step(ob(text(1, 2), text(4)), [9])],
+    "chunk_repeats_then_ends_short": [step(ob(text(1, 2)), [3, 4]), step(ob(text(1, 2, 3)), [9])],
 }
 
 

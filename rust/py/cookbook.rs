@@ -49,24 +49,36 @@ struct TransitionIn<'py> {
 }
 
 /// A token list as read: its elements `first..first + len`, and a snapshot
-/// taken right after reading it when every item was an exact `int` (so no
-/// Python code ran meanwhile): its ints are the values read, whatever user
-/// code run later (a property, `metrics.get`) does to the caller's list.
+/// of its items `from..` taken right after reading it when every item was
+/// an exact `int` (so no Python code ran meanwhile): its ints are the values
+/// read, whatever user code run later (a property, `metrics.get`) does to
+/// the caller's list. Elements without one are made anew from the values.
 struct Source<'py> {
     first: usize,
     len: usize,
+    from: usize,
     shared: Option<Items<'py>>,
 }
 
 impl<'py> Source<'py> {
-    /// Reads `tokens` into `out`'s elements.
-    fn read(tokens: &Items<'py>, field: &str, at: Location, out: &mut TrajectoryIn<'py>) -> PyResult<()> {
+    /// Reads `tokens` into `out`'s elements; `ob_start`, where the
+    /// observation they are part of starts.
+    fn read(
+        tokens: &Items<'py>,
+        field: &str,
+        at: Location,
+        out: &mut TrajectoryIn<'py>,
+        ob_start: Option<usize>,
+    ) -> PyResult<()> {
         let first = out.plain.elements.len();
         let exact = tokens.read_tokens(field, MAX_TOKEN + 1, at, &mut out.plain.elements)?;
+        let len = tokens.len();
+        let from = ob_start.map_or(0, |start| out.repeated(start, first, len));
         out.sources.push(Source {
             first,
-            len: tokens.len(),
-            shared: if exact { tokens.snapshot() } else { None },
+            len,
+            from,
+            shared: if exact { tokens.snapshot_from(from) } else { None },
         });
         Ok(())
     }
@@ -91,6 +103,9 @@ struct TrajectoryIn<'py> {
     /// on it (built the row it closes) first.
     pending_ob: Option<std::ops::Range<usize>>,
     has_zero_width: bool,
+    /// The sequence so far, as the cookbook accumulates it: to know which
+    /// observation tokens repeat it (and so are in no Datum).
+    sequence: Vec<i64>,
 }
 
 impl TrajectoryIn<'_> {
@@ -106,6 +121,7 @@ impl TrajectoryIn<'_> {
             sources,
             pending_ob,
             has_zero_width,
+            sequence,
         } = self;
         plain.clear();
         logprobs.clear();
@@ -116,6 +132,34 @@ impl TrajectoryIn<'_> {
         sources.clear();
         *pending_ob = None;
         *has_zero_width = false;
+        sequence.clear();
+    }
+
+    /// How many of the `len` elements from `first` (of the observation
+    /// starting at `ob_start`) repeat the sequence so far, if the
+    /// observation read up to them extends it: those go in no Datum unless
+    /// the rest of the observation turns out not to extend it.
+    fn repeated(&self, ob_start: usize, first: usize, len: usize) -> usize {
+        let ob = &self.plain.elements[ob_start..first + len];
+        let common = ob.len().min(self.sequence.len());
+        if ob[..common] == self.sequence[..common] {
+            common.saturating_sub(first - ob_start)
+        } else {
+            0
+        }
+    }
+
+    /// The sequence after a transition: its observation's new elements
+    /// (all of it, when it does not extend the sequence), then its action.
+    fn extend_sequence(&mut self, ob: Range<usize>, action: Range<usize>) {
+        let ob = &self.plain.elements[ob];
+        if ob.starts_with(&self.sequence) {
+            self.sequence.extend_from_slice(&ob[self.sequence.len()..]);
+        } else {
+            self.sequence.clear();
+            self.sequence.extend_from_slice(ob);
+        }
+        self.sequence.extend_from_slice(&self.plain.elements[action]);
     }
 }
 
@@ -165,7 +209,7 @@ fn read_observation<'py>(
         // The exact class first: pydantic's isinstance goes through ABCMeta.
         if chunk.get_type().is(text_chunk) || chunk.is_instance(text_chunk)? {
             let tokens = Items::of_attr(&chunk, intern!(py, "tokens"), "ob tokens", ItemKind::Token, at)?;
-            Source::read(&tokens, "ob tokens", at, out)?;
+            Source::read(&tokens, "ob tokens", at, out, Some(start))?;
         } else {
             // The cookbook asks a chunk its length only after it has acted
             // on the observation (closing the row before it): an error here
@@ -218,7 +262,7 @@ fn read_trajectory<'py>(
         let ac = attr(&transition, intern!(py, "ac"), at)?;
         let tokens = Items::of_attr(&ac, intern!(py, "tokens"), "ac.tokens", ItemKind::Token, at)?;
         let mid = out.plain.elements.len();
-        Source::read(&tokens, "ac.tokens", at, out)?;
+        Source::read(&tokens, "ac.tokens", at, out, None)?;
         let n_tokens = tokens.len();
         let logprobs = match ac.getattr_opt(intern!(py, "maybe_logprobs"))? {
             Some(l) => l,
@@ -244,6 +288,7 @@ fn read_trajectory<'py>(
         }
         let sequence_id = ac.getattr_opt(intern!(py, "sequence_id"))?.filter(|s| !s.is_none());
         let masked = parse_error_masked(&transition, at)?;
+        out.extend_sequence(start..mid, mid..out.plain.elements.len());
         out.plain.turns.push(TurnSpan {
             prompt: start..mid,
             completion: mid..out.plain.elements.len(),
@@ -460,9 +505,9 @@ fn text_tokens<'py>(py: Python<'py>, traj: &TrajectoryIn<'py>, run: &[Range<usiz
             // Every token element was read from a source.
             let source = traj.sources.get(k);
             let b = source.map_or(r.end, |s| r.end.min(s.first + s.len));
-            let shared = match source.and_then(|s| s.shared.as_ref().map(|items| (items, s.first))) {
-                Some((items, first)) => items.append_to(&out, a - first, b - first)?,
-                None => false,
+            let shared = match source.and_then(|s| s.shared.as_ref().map(|items| (items, s.first + s.from))) {
+                Some((items, first)) if a >= first => items.append_to(&out, a - first, b - first)?,
+                _ => false,
             };
             if !shared {
                 let end = out.len();

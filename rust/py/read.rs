@@ -159,17 +159,24 @@ impl<'py> Items<'py> {
         }
     }
 
-    /// The items as they are now, in a sequence of our own that no user
-    /// code can reach: a list's items copied by CPython in C (no Python code
-    /// runs, even for a subclass), a tuple itself. `None` if a list no
-    /// longer has the length read.
-    pub fn snapshot(&self) -> Option<Items<'py>> {
+    /// Items `from..` as they are now, in a sequence of our own that no
+    /// user code can reach: a list's items copied by CPython in C (no
+    /// Python code runs, even for a subclass), a tuple's too unless they are
+    /// all of it. `None` if the sequence no longer has the length read.
+    pub fn snapshot_from(&self, from: usize) -> Option<Items<'py>> {
+        if self.current_len() != self.len {
+            return None;
+        }
         let seq = match &self.seq {
-            Seq::List(l) => Seq::List(l.get_slice(0, self.len)),
-            Seq::Tuple(t) => Seq::Tuple(t.clone()),
+            Seq::List(l) => Seq::List(l.get_slice(from, self.len)),
+            Seq::Tuple(t) if from == 0 => Seq::Tuple(t.clone()),
+            Seq::Tuple(t) => Seq::Tuple(t.get_slice(from, self.len)),
         };
-        let copy = Items { seq, ..*self };
-        (copy.current_len() == self.len).then_some(copy)
+        Some(Items {
+            seq,
+            len: self.len - from.min(self.len),
+            ..*self
+        })
     }
 
     fn current_len(&self) -> usize {
