@@ -442,6 +442,20 @@ def test_the_gc_state_is_left_as_it_was(enabled):
         gc.enable() if was else gc.disable()
 
 
+def test_spans_are_untracked_only_when_their_sequence_id_is_an_atom():
+    import gc
+
+    class Id(str):  # a str subclass instance: a GC-tracked object
+        pass
+
+    for sequence_id, tracked in (("seq", False), (Id("seq"), True)):
+        traj = Trajectory(transitions=[step(ob(text(1, 5)), [2, 3], sequence_id=sequence_id)], final_ob=ob())
+        (datum,) = ours.trajectory_to_data(traj, 0.5)
+        spans = [*datum.model_input_spans, *datum.loss_fn_input_spans]
+        assert spans and all(gc.is_tracked(span) is tracked for span in spans)
+        assert gc.is_tracked(datum) and gc.is_tracked(datum.model_input_spans)
+
+
 def test_advantages_paired_at_once_or_one_by_one_give_the_same_datums():
     """Exact floats in a list are paired with the trajectories at once;
     anything else (ints, a generator) one by one, with float() each."""

@@ -75,9 +75,11 @@ def test_the_gc_state_is_restored_exactly():
 
 @direct_only
 def test_only_containers_of_atoms_are_untracked():
-    """The direct path takes token lists, shape lists and pydantic's
-    field-name sets off the cyclic GC's books (they hold only ints or strs,
-    so they can be in no cycle); every other container stays tracked."""
+    """The direct path takes off the cyclic GC's books the containers that
+    hold only atoms or untracked objects and cannot be changed to hold more
+    (frozen tinker classes; dicts, which CPython tracks again when a
+    container is stored in them), and the lists of ints it makes (token
+    lists, shapes); every other container stays tracked."""
     batch = rows._probe_batch()
     (datum, *_), (meta, *_), _ = rows._direct(batch, [[0.5, -0.5]], False, None, False)
     chunk = datum.model_input.chunks[0]
@@ -85,6 +87,24 @@ def test_only_containers_of_atoms_are_untracked():
     untracked += [td.shape for td in datum.loss_fn_inputs.values()]
     assert not any(gc.is_tracked(c) for c in untracked)
     assert all(type(x) in (int, str) for c in untracked for x in c)
-    tracked = [datum, datum.loss_fn_inputs, datum.model_input, datum.model_input.chunks, chunk, meta, meta.tags]
-    tracked += list(datum.loss_fn_inputs.values())
+    frozen = [chunk, *datum.loss_fn_inputs.values()]
+    assert not any(gc.is_tracked(c) for c in [*frozen, chunk.__dict__, datum.loss_fn_inputs])
+    tracked = [datum, datum.model_input, datum.model_input.__dict__, datum.model_input.chunks, meta, meta.tags]
     assert all(gc.is_tracked(c) for c in tracked)
+
+
+@direct_only
+def test_a_cycle_made_through_a_tracked_container_is_still_collected():
+    import weakref
+
+    batch = rows._probe_batch()
+    (datum, *_), _, _ = rows._direct(batch, [[0.5, -0.5]], False, None, False)
+    datum.model_input.chunks.append(datum)  # a cycle, through the tracked chunks list
+    chunk = weakref.ref(datum.model_input.chunks[0])
+    del datum
+    gc.collect()
+    assert chunk() is None
+    # A dict made untracked is tracked again when a container goes in.
+    (datum, *_), _, _ = rows._direct(batch, [[0.5, -0.5]], False, None, False)
+    datum.loss_fn_inputs["cycle"] = [datum]
+    assert gc.is_tracked(datum.loss_fn_inputs)

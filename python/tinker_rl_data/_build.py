@@ -17,6 +17,7 @@ from dataclasses import fields, is_dataclass
 from typing import Any, Sequence
 
 import numpy as np
+import tinker
 from tinker import Datum, ModelInput, TensorData
 from tinker.types import EncodedTextChunk
 
@@ -144,6 +145,16 @@ def _probe_batch() -> list[Any]:
     ]
 
 
+def _all_frozen() -> bool:
+    """Whether every class the core fills (and may untrack) is frozen."""
+    spans = [getattr(tinker, name, None) for name in ("PromptProvenanceSpan", "SampledProvenanceSpan")]
+    frozen_dataclasses = all(
+        c is not None and is_dataclass(c) and getattr(c, "__dataclass_params__").frozen
+        for c in [Datum, TensorData, *spans]
+    )
+    return frozen_dataclasses and all(m.model_config.get("frozen") is True for m in (ModelInput, EncodedTextChunk))
+
+
 def _direct_path_check() -> str | None:
     """Why this tinker cannot take the direct path, or None if it can: its
     classes have the fields the core fills, and a probe batch built both
@@ -156,6 +167,8 @@ def _direct_path_check() -> str | None:
         return "tinker.TensorData's fields differ from tinker 0.38's"
     if list(ModelInput.model_fields) != ["chunks"] or list(EncodedTextChunk.model_fields) != ["tokens", "type"]:
         return "tinker.ModelInput's or EncodedTextChunk's fields differ from tinker 0.38's"
+    if not _all_frozen():
+        return "tinker's Datum classes are not all frozen (the core takes frozen ones holding only atoms off the GC)"
     batch, advantages = _probe_batch(), [[0.5, -0.5]]
     for merge_turns in (False, True):
         ours, our_meta, _ = _direct(batch, advantages, merge_turns, None, False)

@@ -138,7 +138,11 @@ pub fn text_chunk<'py>(cls: &Bound<'py, PyType>, tokens: &Bound<'py, PyAny>) -> 
     let fields = PyDict::new(py);
     fields.set_item(intern!(py, "tokens"), tokens)?;
     fields.set_item(intern!(py, "type"), intern!(py, "encoded_text"))?;
-    pydantic_model(cls, &fields, intern!(py, "tokens"))
+    untrack_dict(&fields);
+    let chunk = pydantic_model(cls, &fields, intern!(py, "tokens"))?;
+    // Frozen, holding an untracked list or a numeric array and a str.
+    untrack_frozen(&chunk);
+    Ok(chunk)
 }
 
 /// The keys of `loss_fn_inputs`.
@@ -290,12 +294,43 @@ fn untrack_set(set: &Bound<'_, PySet>) {
     unsafe { ffi::PyObject_GC_UnTrack(set.as_ptr().cast()) };
 }
 
+/// Takes a dict whose keys and values are all untracked off the GC's books,
+/// as CPython does itself: it tracks the dict again should a container be
+/// stored in it.
+fn untrack_dict(dict: &Bound<'_, PyDict>) {
+    // SAFETY: a dict is a GC object; untracking one is always allowed.
+    unsafe { ffi::PyObject_GC_UnTrack(dict.as_ptr().cast()) };
+}
+
+/// Takes an instance of a frozen tinker class (a frozen dataclass or
+/// pydantic model) off the GC's books when each of its fields holds an atom
+/// or an untracked object: as with CPython's own tuples of atoms, nothing it
+/// holds can lead back to it, and its fields cannot be reassigned. Every
+/// later collection (young, then older ones in the caller's training loop)
+/// would otherwise walk it.
+fn untrack_frozen(obj: &Bound<'_, PyAny>) {
+    // SAFETY: `obj` is alive; its type's flags are read through the
+    // limited API, and only an instance of a GC type is untracked.
+    unsafe {
+        let gc_type = ffi::PyType_GetFlags(ffi::Py_TYPE(obj.as_ptr())) & ffi::Py_TPFLAGS_HAVE_GC != 0;
+        if gc_type {
+            ffi::PyObject_GC_UnTrack(obj.as_ptr().cast());
+        }
+    }
+}
+
+/// Whether the GC tracks `obj` (never, for an atom).
+fn is_tracked(obj: &Bound<'_, PyAny>) -> bool {
+    // SAFETY: `obj` is alive; the call only reads its GC state.
+    unsafe { ffi::PyObject_GC_IsTracked(obj.as_ptr()) == 1 }
+}
+
 fn tensor<'py>(cls: &Bound<'py, PyType>, input: &LossInput<'py>, n: usize) -> PyResult<Bound<'py, PyAny>> {
     let py = cls.py();
     let none = py.None().into_bound(py);
     let shape = PyList::new(py, [n])?;
     untrack_list(&shape);
-    dataclass(
+    let tensor = dataclass(
         cls,
         [
             (intern!(py, "dtype"), input.dtype.name(py).as_any()),
@@ -304,7 +339,10 @@ fn tensor<'py>(cls: &Bound<'py, PyType>, input: &LossInput<'py>, n: usize) -> Py
             (intern!(py, "sparse_col_indices"), &none),
             (intern!(py, "_numpy"), &input.array),
         ],
-    )
+    )?;
+    // A str, an untracked list of ints, None and a numeric array.
+    untrack_frozen(&tensor);
+    Ok(tensor)
 }
 
 /// The Datum of a row, built directly; `spans` makes its provenance spans.
@@ -335,6 +373,8 @@ pub fn datum<'py>(
     for input in &row.loss_inputs {
         loss_fn_inputs.set_item(input.key.name(py), tensor(&classes.tensor_data, input, row.n)?)?;
     }
+    // Strs to untracked TensorData.
+    untrack_dict(&loss_fn_inputs);
     let none = py.None().into_bound(py);
     let (input_spans, target_spans) = match (&row.provenance, spans) {
         (Some((inputs, targets)), Some(classes)) => (span_list(classes, inputs)?, span_list(classes, targets)?),
@@ -365,14 +405,20 @@ fn span_list<'py>(classes: &SpanClasses<'py>, spans: &[SpanOut<'py>]) -> PyResul
     let list = PyList::empty(py);
     for (sequence_id, offset, length, sampled) in spans {
         let cls = if *sampled { &classes.sampled } else { &classes.prompt };
-        list.append(dataclass(
+        let span = dataclass(
             cls,
             [
                 (intern!(py, "sequence_id"), sequence_id),
                 (intern!(py, "offset"), &offset.into_pyobject(py)?.into_any()),
                 (intern!(py, "length"), &length.into_pyobject(py)?.into_any()),
             ],
-        )?)?;
+        )?;
+        // Two ints and the caller's sequence id: when that is an atom (a
+        // str), the span can be in no cycle.
+        if !is_tracked(sequence_id) {
+            untrack_frozen(&span);
+        }
+        list.append(span)?;
     }
     Ok(list.into_any())
 }
