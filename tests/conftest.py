@@ -3,7 +3,9 @@ field-by-field comparison of Datums."""
 
 from __future__ import annotations
 
+import gc
 import os
+from typing import Any, Callable
 
 import numpy as np
 from hypothesis import HealthCheck, settings
@@ -76,6 +78,28 @@ def datum_content(d):
         arr = td.to_numpy()
         out[key] = (td.dtype, list(td.shape), str(arr.dtype), arr.tolist())
     return out
+
+
+def young_collections(call: Callable[[], Any]) -> tuple[int, int]:
+    """How many generation-0 collections ran inside ``call()``, and right
+    after it, at the caller's first allocation."""
+    runs: list[str] = []
+
+    def record(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 0:
+            runs.append("young")
+
+    gc.collect()
+    gc.callbacks.append(record)
+    try:
+        result = call()  # held: freeing its objects would lower the count due
+        inside = len(runs)
+        made_after = set()  # the caller's first container (sets have no free list)
+        made_after.add(len(runs) - inside)
+        assert result is not None
+        return inside, made_after.pop()
+    finally:
+        gc.callbacks.remove(record)
 
 
 def pytest_report_header(config):

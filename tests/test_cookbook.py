@@ -442,6 +442,19 @@ def test_the_gc_state_is_left_as_it_was(enabled):
         gc.enable() if was else gc.disable()
 
 
+def test_the_young_collection_due_runs_after_the_call_not_inside_it():
+    from conftest import young_collections
+
+    transitions = [step(ob(text(*range(u * 8, u * 8 + 6))), [7, 8]) for u in range(4)]
+    group = TrajectoryGroup(
+        trajectories_G=[Trajectory(transitions=transitions, final_ob=ob())] * 64,
+        final_rewards_G=[0.0] * 64,
+        metrics_G=[{}] * 64,
+    )
+    assert young_collections(lambda: ours.assemble_training_data([group] * 4, [[0.5] * 64] * 4)) == (0, 1)
+    assert young_collections(lambda: ours.trajectory_to_data(Trajectory(transitions * 200, final_ob=ob()), 0.5)) == (0, 1)
+
+
 def test_spans_are_untracked_only_when_their_sequence_id_is_an_atom():
     import gc
 

@@ -29,8 +29,10 @@ def test_this_tinker_takes_the_direct_path():
 def test_direct_datums_are_field_for_field_public(batch):
     advantages = compute_advantages(batch)
     for merge_turns, numpy_tokens in [(False, False), (True, False), (False, True)]:
-        ours, our_meta, our_fitted = rows._direct(batch, advantages, merge_turns, None, numpy_tokens)
-        theirs, their_meta, their_fitted = rows._public(batch, advantages, merge_turns, None, numpy_tokens)
+        direct = rows._direct(batch, advantages, merge_turns, None, numpy_tokens)
+        public = rows._public(batch, advantages, merge_turns, None, numpy_tokens)
+        (ours, our_meta), our_fitted = direct.result, direct.fitted
+        (theirs, their_meta), their_fitted = public.result, public.fitted
         assert len(ours) == len(theirs)
         assert all(map(rows.same_datum, ours, theirs))
         assert our_meta == their_meta
@@ -81,7 +83,7 @@ def test_only_containers_of_atoms_are_untracked():
     container is stored in them), and the lists of ints it makes (token
     lists, shapes); every other container stays tracked."""
     batch = rows._probe_batch()
-    (datum, *_), (meta, *_), _ = rows._direct(batch, [[0.5, -0.5]], False, None, False)
+    (datum, *_), (meta, *_) = rows._direct(batch, [[0.5, -0.5]], False, None, False).result
     chunk = datum.model_input.chunks[0]
     untracked = [chunk.tokens, chunk.__pydantic_fields_set__, datum.model_input.__pydantic_fields_set__]
     untracked += [td.shape for td in datum.loss_fn_inputs.values()]
@@ -98,13 +100,13 @@ def test_a_cycle_made_through_a_tracked_container_is_still_collected():
     import weakref
 
     batch = rows._probe_batch()
-    (datum, *_), _, _ = rows._direct(batch, [[0.5, -0.5]], False, None, False)
+    (datum, *_), _ = rows._direct(batch, [[0.5, -0.5]], False, None, False).result
     datum.model_input.chunks.append(datum)  # a cycle, through the tracked chunks list
     chunk = weakref.ref(datum.model_input.chunks[0])
     del datum
     gc.collect()
     assert chunk() is None
     # A dict made untracked is tracked again when a container goes in.
-    (datum, *_), _, _ = rows._direct(batch, [[0.5, -0.5]], False, None, False)
+    (datum, *_), _ = rows._direct(batch, [[0.5, -0.5]], False, None, False).result
     datum.loss_fn_inputs["cycle"] = [datum]
     assert gc.is_tracked(datum.loss_fn_inputs)

@@ -21,7 +21,7 @@ import pytest
 
 import reference
 import tinker_rl_data as trd
-from conftest import datum_content
+from conftest import datum_content, young_collections
 from test_bad_input import raises_located, snapshot
 from tinker_rl_data.env import Trajectory, TrajectoryGroup, Turn
 
@@ -425,6 +425,15 @@ def test_the_gc_state_is_left_as_it_was(call, enabled):
         assert gc.isenabled() is enabled
     finally:
         gc.enable() if was else gc.disable()
+
+
+@pytest.mark.skipif(not trd._build.DIRECT, reason="the public constructors collect as they go")
+@pytest.mark.parametrize("model_input_tokens", ["list", "numpy"])
+def test_the_young_collection_due_runs_after_the_call_not_inside_it(model_input_tokens):
+    # Its cost is the same either way; inside, it would be counted as ours
+    # and walk objects the call is still making.
+    call = lambda: trd.assemble_training_data(medium_batch(), [[0.5] * 4] * 8, model_input_tokens=model_input_tokens)  # noqa: E731
+    assert young_collections(call) == (0, 1)
 
 
 # ---------------------------------------------------------------- 8. typing

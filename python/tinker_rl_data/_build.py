@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import fields, is_dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import tinker
@@ -31,16 +31,27 @@ logger = logging.getLogger("tinker_rl_data")
 _CLASSES = (Datum, ModelInput, EncodedTextChunk, TensorData, DatumMetadata)
 
 
+class Built(NamedTuple):
+    """What both paths give (``_core.BuiltDatums`` has the same fields):
+    the ``(datums, metadata)`` pair to return as it is, and how the
+    logprobs of turns were fitted."""
+
+    result: tuple[list[Datum], list[DatumMetadata]]
+    fitted: _core.Fitted
+
+
 def _direct(
     groups: Sequence[Any], advantages: Any, merge_turns: bool, vocab_size: int | None, numpy_tokens: bool
-) -> tuple[list[Datum], list[DatumMetadata], _core.Fitted]:
-    built = _core.assemble_datums(groups, advantages, _CLASSES, merge_turns, vocab_size, numpy_tokens)
-    return built.datums, built.metadata, built.fitted
+) -> Built | _core.BuiltDatums:
+    # The pair is made by the core with the GC still paused, so the young
+    # collection due for the new objects runs at the caller's next
+    # allocation: returned as it is, with no tuple made here.
+    return _core.assemble_datums(groups, advantages, _CLASSES, merge_turns, vocab_size, numpy_tokens)
 
 
 def _public(
     groups: Sequence[Any], advantages: Any, merge_turns: bool, vocab_size: int | None, numpy_tokens: bool
-) -> tuple[list[Datum], list[DatumMetadata], _core.Fitted]:
+) -> Built | _core.BuiltDatums:
     """Through tinker's public constructors, from the core's flat rows; each
     Datum gets copies of its own rows (no view of the batch's arrays)."""
     rows = _core.assemble_arrays(groups, advantages, merge_turns, vocab_size)
@@ -63,7 +74,7 @@ def _public(
         datums.append(Datum(model_input=model_input, loss_fn_inputs=loss_fn_inputs))
     columns = zip(rows.group_idx.tolist(), rows.traj_idx.tolist(), rows.turn_idx.tolist(), rows.n_turns.tolist())
     metadata = [DatumMetadata(g, t, u, list(tags[g]), n) for g, t, u, n in columns]
-    return datums, metadata, rows.fitted
+    return Built((datums, metadata), rows.fitted)
 
 
 def same_datum(a: Datum, b: Datum) -> bool:
@@ -171,8 +182,8 @@ def _direct_path_check() -> str | None:
         return "tinker's Datum classes are not all frozen (the core takes frozen ones holding only atoms off the GC)"
     batch, advantages = _probe_batch(), [[0.5, -0.5]]
     for merge_turns in (False, True):
-        ours, our_meta, _ = _direct(batch, advantages, merge_turns, None, False)
-        theirs, their_meta, _ = _public(batch, advantages, merge_turns, None, False)
+        ours, our_meta = _direct(batch, advantages, merge_turns, None, False).result
+        theirs, their_meta = _public(batch, advantages, merge_turns, None, False).result
         if not (len(ours) == len(theirs) > 0 and all(map(same_datum, ours, theirs)) and our_meta == their_meta):
             return f"a probe batch (merge_turns={merge_turns}) built directly differs from tinker's constructors"
     return None
@@ -224,7 +235,7 @@ NUMPY_TOKENS_UNSUPPORTED = _numpy_tokens_check()
 
 def build_datums(
     groups: Sequence[Any], advantages: Any, merge_turns: bool, vocab_size: int | None, numpy_tokens: bool
-) -> tuple[list[Datum], list[DatumMetadata], _core.Fitted]:
+) -> Built | _core.BuiltDatums:
     """Datums, their metadata, and how the logprobs of turns were fitted."""
     if numpy_tokens and NUMPY_TOKENS_UNSUPPORTED:
         raise RuntimeError(f"model_input_tokens='numpy' is not available: {NUMPY_TOKENS_UNSUPPORTED}")

@@ -41,7 +41,6 @@ import sys
 from typing import Any, Iterable, Sequence
 
 from . import _core
-from ._gc import gc_paused
 
 __all__ = [
     "assemble_training_data",
@@ -202,13 +201,16 @@ def _assemble(
 
     span_classes = (tinker.PromptProvenanceSpan, tinker.SampledProvenanceSpan) if include_provenance else None
     try:
-        datums, metadata = assemble(groups, advantages, _core_classes(), span_classes)
+        # Made by the core with the GC still paused, and returned as it is:
+        # the young collection due for the new objects runs at the caller's
+        # next allocation.
+        result: tuple[list[Any], list[dict[str, int]]] = assemble(groups, advantages, _core_classes(), span_classes)
     except ValueError as exc:
         message = str(exc)
         if strip_location and message.startswith(strip_location):
             message = message[len(strip_location) :]
         raise _data_validation_error()(message) from exc
-    return datums, metadata
+    return result
 
 
 _SEQUENCES = (list, tuple)
@@ -241,7 +243,6 @@ def _plain_values(advantages_G: Any) -> Any:
     return advantages_G
 
 
-@gc_paused
 def assemble_training_data(
     trajectory_groups_P: Iterable[Any], advantages_P: Iterable[Any], include_provenance: bool = True
 ) -> tuple[list[Any], list[dict[str, int]]]:
@@ -288,7 +289,7 @@ def assemble_training_data(
     except Exception as exc:  # raised after the pairs before it, as the cookbook does
         pending = exc
 
-    datums, metadata = _assemble(groups, advantages, include_provenance)
+    result = _assemble(groups, advantages, include_provenance)
 
     if pending is not None:
         if type(pending) is ValueError and str(pending).startswith("zip() argument"):
@@ -296,10 +297,9 @@ def assemble_training_data(
             what = "the trajectories and their advantages" if where else "trajectory_groups_P and advantages_P"
             raise ValueError(f"{where}{what} differ in length ({pending})") from None
         raise pending
-    return datums, metadata
+    return result
 
 
-@gc_paused
 def trajectory_to_data(traj: Any, traj_advantage: float, include_provenance: bool = True) -> list[Any]:
     """The Datums of one trajectory, as tinker_cookbook 0.6.1's ``trajectory_to_data``.
 
@@ -319,8 +319,7 @@ def trajectory_to_data(traj: Any, traj_advantage: float, include_provenance: boo
     ``assemble_training_data`` passes it.
     """
     where = "group 0, trajectory 0, "
-    datums, _ = _assemble([_GroupView([traj])], [[float(traj_advantage)]], include_provenance, strip_location=where)
-    return datums
+    return _assemble([_GroupView([traj])], [[float(traj_advantage)]], include_provenance, strip_location=where)[0]
 
 
 # --------------------------------------------------------------------------

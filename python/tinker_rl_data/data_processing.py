@@ -20,7 +20,6 @@ import tinker
 
 from . import _core
 from ._build import build_datums
-from ._gc import gc_paused
 from .metadata import DatumMetadata
 
 __all__ = [
@@ -92,7 +91,6 @@ def remove_constant_reward_groups(trajectory_groups: Iterable[Group]) -> list[Gr
     return kept
 
 
-@gc_paused
 def assemble_training_data(
     trajectory_groups: Iterable[Any],
     advantages: Advantages,
@@ -121,15 +119,15 @@ def assemble_training_data(
     """
     if model_input_tokens not in ("list", "numpy"):
         raise ValueError(f"model_input_tokens must be 'list' or 'numpy', got {model_input_tokens!r}")
-    datums, metadata, fitted = build_datums(
+    built = build_datums(
         _groups(trajectory_groups),
         advantages,
         bool(merge_turns),
         _vocab_size(vocab_size),
         model_input_tokens == "numpy",
     )
-    _warn_fitted(fitted)
-    return datums, metadata
+    _warn_fitted(built.fitted)
+    return built.result
 
 
 class RowArrays(NamedTuple):

@@ -7,9 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::plan::{plan_rows, Keep, Merge, Piece, Plan, Trajectory};
-use crate::py::build::{
-    self, Column, DatumClasses, Dtype, FilledRow, GcPaused, LossInput, LossKey, ModelInputOut, RowMeta,
-};
+use crate::py::build::{self, Column, DatumClasses, Dtype, FilledRow, LossInput, LossKey, ModelInputOut, RowMeta};
 use crate::py::evsys::{self, Batch, FitReport, TrajectoryIn};
 use crate::py::read::MAX_TOKEN;
 use crate::rows::{fill_row, Inputs, RowOut};
@@ -81,7 +79,6 @@ pub fn evsys_datums<'py>(
     options: Options,
 ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, FitReport)> {
     let py = groups.py();
-    let _gc = GcPaused::new(py);
     let batch = evsys::read_structure(groups, advantages, true)?;
     let mut fit = FitReport::default();
     let mut rows = Vec::new();

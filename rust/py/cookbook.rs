@@ -22,8 +22,7 @@ use pyo3::types::{PyDict, PyFloat, PyList};
 use crate::error::{ErrorKind, InputError, Location, StepName};
 use crate::plan::{plan_rows, Keep, Merge, Piece, Plan, Row, Trajectory, TurnSpan};
 use crate::py::build::{
-    self, ChunkOut, Column, DatumClasses, Dtype, FilledRow, GcPaused, LossInput, LossKey, ModelInputOut, RowMeta,
-    SpanClasses,
+    self, ChunkOut, Column, DatumClasses, Dtype, FilledRow, LossInput, LossKey, ModelInputOut, RowMeta, SpanClasses,
 };
 use crate::py::read::{any_real, attr, Item, ItemKind, Items, MAX_TOKEN};
 use crate::rows::{fill_row, Inputs, RowOut};
@@ -712,7 +711,6 @@ pub fn cookbook_datums<'py>(
     span_classes: Option<&SpanClasses<'py>>,
 ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
     let py = groups.py();
-    let _gc = GcPaused::new(py);
     let groups = Items::of(groups, "trajectory_groups", ItemKind::Object, Location::BATCH)?;
     let advantages = Items::of(advantages, "advantages", ItemKind::Rows, Location::BATCH)?;
     let mut rows = Vec::new();

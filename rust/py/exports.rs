@@ -9,7 +9,7 @@ use pyo3::types::{PyList, PyTuple, PyType};
 use crate::advantages::{extend_group_advantages, is_constant, reward_stats, AdvantageRule, Baseline};
 use crate::error::Location;
 use crate::py::assemble::{self, ModelInputKind, Options};
-use crate::py::build::{ClassTuple, DatumClasses, SpanClasses};
+use crate::py::build::{ClassTuple, DatumClasses, GcPaused, SpanClasses};
 use crate::py::cookbook::cookbook_datums;
 use crate::py::errors::guarded;
 use crate::py::evsys::{read_rewards, FitReport};
@@ -36,11 +36,12 @@ impl From<FitReport> for Fitted {
     }
 }
 
-/// The result of `assemble_datums`.
+/// The result of `assemble_datums`: `result` is the `(datums, metadata)`
+/// pair the public function returns as it is (made here, with the GC still
+/// paused: see `py_assemble_datums`).
 #[pyclass(frozen, get_all, module = "tinker_rl_data._core")]
 pub struct BuiltDatums {
-    datums: Py<PyList>,
-    metadata: Py<PyList>,
+    result: Py<PyTuple>,
     fitted: Py<Fitted>,
 }
 
@@ -156,6 +157,11 @@ pub fn py_assemble_arrays(
 
 /// Datums and metadata built straight into the classes given, filling the
 /// fields their constructors would.
+///
+/// The GC stays paused until the object returned exists: the first
+/// container made after it resumes sets off the young collection the new
+/// objects are due, and that is then the caller's next allocation, not one
+/// of ours (the Python wrapper returns `result` without making another).
 #[pyfunction(name = "assemble_datums")]
 pub fn py_assemble_datums<'py>(
     groups: &Bound<'py, PyAny>,
@@ -164,9 +170,10 @@ pub fn py_assemble_datums<'py>(
     merge_turns: bool,
     vocab_size: Option<i64>,
     numpy_tokens: bool,
-) -> PyResult<BuiltDatums> {
+) -> PyResult<Bound<'py, BuiltDatums>> {
     guarded(|| {
         let py = groups.py();
+        let _gc = GcPaused::new(py);
         let classes = DatumClasses::from(classes);
         let kind = if numpy_tokens {
             ModelInputKind::Int32
@@ -175,17 +182,18 @@ pub fn py_assemble_datums<'py>(
         };
         let options = Options::new(merge_turns, vocab_size, kind);
         let (datums, metadata, fit) = assemble::evsys_datums(groups, advantages, &classes, options)?;
-        Ok(BuiltDatums {
-            datums: datums.unbind(),
-            metadata: metadata.unbind(),
+        let built = BuiltDatums {
+            result: PyTuple::new(py, [datums.into_any(), metadata.into_any()])?.unbind(),
             fitted: Py::new(py, Fitted::from(fit))?,
-        })
+        };
+        Bound::new(py, built)
     })
 }
 
 /// tinker-cookbook's rows: `(datums, [{"group_idx": g, "traj_idx": t}])`; provenance
 /// spans attached where the cookbook attaches them when `span_classes`
-/// (`PromptProvenanceSpan`, `SampledProvenanceSpan`) are given.
+/// (`PromptProvenanceSpan`, `SampledProvenanceSpan`) are given. The GC
+/// stays paused until the tuple exists, as in `py_assemble_datums`.
 #[pyfunction(name = "assemble_cookbook")]
 pub fn py_assemble_cookbook<'py>(
     groups: &Bound<'py, PyAny>,
@@ -195,6 +203,7 @@ pub fn py_assemble_cookbook<'py>(
 ) -> PyResult<Bound<'py, PyTuple>> {
     guarded(|| {
         let py = groups.py();
+        let _gc = GcPaused::new(py);
         let classes = DatumClasses::from(classes);
         let span_classes = span_classes.map(|(prompt, sampled)| SpanClasses { prompt, sampled });
         let (datums, metadata) = cookbook_datums(groups, advantages, &classes, span_classes.as_ref())?;

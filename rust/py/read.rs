@@ -192,13 +192,14 @@ impl<'py> Items<'py> {
     /// a prefix at least half its length is appended whole and its tail cut
     /// off: one copy, no temporary slice.
     pub fn append_to(&self, out: &Bound<'py, PyList>, a: usize, b: usize) -> PyResult<bool> {
-        let (seq, len) = match &self.seq {
-            Seq::List(l) => (l.as_any(), l.len()),
-            Seq::Tuple(t) => (t.as_any(), t.len()),
-        };
+        let len = self.current_len();
         if len < b {
             return Ok(false);
         }
+        let seq = match &self.seq {
+            Seq::List(l) => l.as_any(),
+            Seq::Tuple(t) => t.as_any(),
+        };
         let end = out.len();
         let exact = seq.is_exact_instance_of::<PyList>() || seq.is_exact_instance_of::<PyTuple>();
         if a == 0 && exact && len - b <= b {
