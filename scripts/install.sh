@@ -14,7 +14,8 @@ cd "$(dirname "$0")/.."
 extras="${1:-}"
 python3 -m pip install --quiet --disable-pip-version-check "maturin>=1.9,<2" "ziglang>=0.17,<0.18"
 rm -rf dist
-maturin build --release --zig --compatibility manylinux2014 --out dist
+# For the interpreter that runs the tests (a wheel per CPython version).
+maturin build --release --zig --compatibility manylinux2014 --interpreter "$(command -v python3)" --out dist
 wheel=$(ls dist/tinker_rl_data-*.whl)
 python3 -m pip install --quiet --disable-pip-version-check "${wheel}${extras:+[$extras]}"
 python3 -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheel"

@@ -235,8 +235,9 @@ def test_trajectory_to_data_with_faults_matches_the_cookbook(traj, advantage):
 
 
 def reward_groups():
-    """Groups whose rewards are often all equal; int rewards, NaN and empty
-    groups now and then."""
+    """Groups whose rewards are often all equal; int rewards, NaN, empty
+    groups, and final rewards one more or one fewer than the trajectories
+    now and then."""
     reward = st.one_of(st.sampled_from([0.0, 1.0, 0.5]), rewards, st.integers(-2, 2), st.just(float("nan")))
 
     @st.composite
@@ -251,13 +252,14 @@ def reward_groups():
                         reward=draw(reward),
                         episode_done=True,
                     )
-                    for _ in range(draw(st.integers(0, 2)))
+                    for _ in range(draw(st.integers(0, 4)))
                 ],
                 final_ob=tinker.ModelInput(chunks=[]),
             )
             for _ in range(n)
         ]
-        final = draw(st.lists(reward, min_size=n, max_size=n))
+        m = draw(st.sampled_from([n] * 10 + [n + 1, max(n - 1, 0)]))
+        final = draw(st.lists(reward, min_size=m, max_size=m))
         return TrajectoryGroup(trajectories_G=trajs, final_rewards_G=final, metrics_G=[{} for _ in range(n)])
 
     return st.lists(group(), max_size=4)
@@ -268,6 +270,17 @@ def test_compute_advantages_matches_the_cookbook(groups):
     theirs = outcome(cookbook.compute_advantages, groups)
     mine = outcome(IMPL.compute_advantages, groups)
     assert_same_outcome(theirs, mine, assert_same_tensors)
+
+
+def test_an_overridden_get_total_rewards_is_called():
+    class Scaled(TrajectoryGroup):
+        def get_total_rewards(self):
+            return [10 * r for r in super().get_total_rewards()]
+
+    traj = Trajectory(transitions=[step(ob(text(1)), [2])], final_ob=ob())
+    groups = [Scaled(trajectories_G=[traj, traj], final_rewards_G=[0.25, 1.0], metrics_G=[{}, {}])]
+    assert_same_tensors(cookbook.compute_advantages(groups), ours.compute_advantages(groups))
+    assert ours.compute_advantages(groups)[0].tolist() == [-3.75, 3.75]
 
 
 @given(st.one_of(reward_groups(), batches()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import math
+import sys
 import threading
 
 import numpy as np
@@ -215,3 +216,13 @@ def test_an_error_late_in_the_batch_leaves_no_references_behind():
             trd.assemble_training_data(batch, [[0.0, 0.0], [0.0, 0.0]])
     gc.collect()
     assert (sys.getrefcount(token), sys.getrefcount(prompt)) == before
+
+
+def test_ints_are_read_in_place_on_the_cpythons_we_ship_for():
+    # The properties above then test the in-place read (rust/py/exact.rs),
+    # not only the C API fallback; their tokens include 2**30 - 1 (one
+    # digit), 2**30 and 2**31 - 1 (two digits, read by the C API).
+    from tinker_rl_data import _core
+
+    if sys.implementation.name == "cpython" and (3, 11) <= sys.version_info[:2] <= (3, 14):
+        assert _core.INT_READ.startswith("digits in place"), _core.INT_READ

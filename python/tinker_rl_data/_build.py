@@ -230,6 +230,7 @@ def _numpy_tokens_check() -> str | None:
 
 
 DIRECT = _choose_path()
+logger.debug("exact ints are read by %s", _core.INT_READ)
 NUMPY_TOKENS_UNSUPPORTED = _numpy_tokens_check()
 
 

@@ -7,6 +7,7 @@ import numpy.typing as npt
 
 __all__ = [
     "__version__",
+    "INT_READ",
     "Fitted",
     "BuiltDatums",
     "Rows",
@@ -21,6 +22,8 @@ __all__ = [
 ]
 
 __version__: str
+# How exact ints are read on this interpreter (chosen at import).
+INT_READ: str
 
 @final
 class Fitted:

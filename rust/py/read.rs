@@ -15,6 +15,7 @@ use pyo3::types::{PyFloat, PyInt, PyList, PyString, PyTuple};
 use pyo3::{ffi, intern, Borrowed};
 
 use crate::error::{ErrorKind, InputError, Location};
+use crate::py::exact::{exact_float, exact_int, int_read, RawItems, BY_API, BY_LV_TAG, BY_OB_SIZE};
 
 pub const MAX_TOKEN: i64 = i32::MAX as i64;
 
@@ -282,78 +283,85 @@ pub fn token_at(items: &Items<'_>, i: usize, field: &str, limit: i64, at: Locati
     }
 }
 
-/// An exact `int`'s value, if `item` (borrowed, possibly NULL) is one that
-/// fits in an i64. Runs no Python code.
-///
-/// # Safety
-/// `item` is NULL or a live object.
-#[inline]
-unsafe fn exact_int(item: *mut ffi::PyObject) -> Option<i64> {
-    // SAFETY: `item` is live (caller); both calls are plain C for an exact int.
-    unsafe {
-        if item.is_null() || ffi::Py_TYPE(item) != std::ptr::addr_of_mut!(ffi::PyLong_Type) {
-            return None;
-        }
-        let mut overflow = 0;
-        let v = ffi::PyLong_AsLongLongAndOverflow(item, &raw mut overflow);
-        (overflow == 0).then_some(v)
-    }
-}
-
-/// An exact `float`'s value, if `item` (borrowed, possibly NULL) is one.
-/// Runs no Python code.
-///
-/// # Safety
-/// `item` is NULL or a live object.
-#[inline]
-unsafe fn exact_float(item: *mut ffi::PyObject) -> Option<f64> {
-    // SAFETY: `item` is live (caller); both calls are plain C for an exact float.
-    unsafe {
-        (!item.is_null() && ffi::Py_TYPE(item) == std::ptr::addr_of_mut!(ffi::PyFloat_Type))
-            .then(|| ffi::PyFloat_AsDouble(item))
-    }
-}
-
-/// `PyList_GetItem` / `PyTuple_GetItem`.
-type GetItem = unsafe extern "C" fn(*mut ffi::PyObject, ffi::Py_ssize_t) -> *mut ffi::PyObject;
-
 impl Items<'_> {
-    /// The container and its item getter, for loops that read items
-    /// borrowed: the getter checks the index and returns a borrowed
-    /// reference, or NULL (with an IndexError set) where a list has shrunk.
-    fn raw(&self) -> (*mut ffi::PyObject, GetItem) {
-        match &self.seq {
-            Seq::List(l) => (l.as_ptr(), ffi::PyList_GetItem),
-            Seq::Tuple(t) => (t.as_ptr(), ffi::PyTuple_GetItem),
+    /// The items, borrowed, for loops that read exact ints and floats.
+    fn raw(&self) -> RawItems {
+        let (seq, list) = match &self.seq {
+            Seq::List(l) => (l.as_ptr(), true),
+            Seq::Tuple(t) => (t.as_ptr(), false),
+        };
+        // SAFETY: `self` holds the list or tuple alive, and the loops that
+        // use the result hold `self`.
+        unsafe { RawItems::new(seq, list) }
+    }
+
+    /// Reads items `0..len` in order: `fast` takes each exact one it can,
+    /// borrowed, straight from the container's item array; `slow(k)` reads
+    /// item `k` when `fast` declines it (and may run Python code, so the
+    /// array is taken anew after it). `put(k, value)` stores each value.
+    #[inline]
+    fn read_each<T>(
+        &self,
+        fast: impl Fn(*mut ffi::PyObject) -> Option<T>,
+        mut slow: impl FnMut(usize) -> PyResult<T>,
+        mut put: impl FnMut(usize, T),
+    ) -> PyResult<()> {
+        let items = self.raw();
+        let mut k = 0;
+        while k < self.len {
+            // SAFETY: no Python code runs from here to `slow`, after the
+            // last use of `now` and its items (`fast` runs none).
+            let now = unsafe { items.now() };
+            let end = now.len().min(self.len);
+            while k < end {
+                let Some(v) = fast(now[k]) else { break };
+                put(k, v);
+                k += 1;
+            }
+            if k < self.len {
+                put(k, slow(k)?);
+                k += 1;
+            }
         }
+        Ok(())
     }
 
     /// Appends every token (see [`token_at`]) to `out`; says whether all
-    /// were exact `int`s. Exact ints in range are read inline, with no
+    /// were exact `int`s. Exact ints in range are read in place, with no
     /// reference counting; anything else goes through `token_at`.
     pub fn read_tokens(&self, field: &str, limit: i64, at: Location, out: &mut Vec<i64>) -> PyResult<bool> {
-        let (seq, get) = self.raw();
+        match int_read() {
+            BY_OB_SIZE => self.read_tokens_as::<BY_OB_SIZE>(field, limit, at, out),
+            BY_LV_TAG => self.read_tokens_as::<BY_LV_TAG>(field, limit, at, out),
+            _ => self.read_tokens_as::<BY_API>(field, limit, at, out),
+        }
+    }
+
+    fn read_tokens_as<const LAYOUT: u8>(
+        &self,
+        field: &str,
+        limit: i64,
+        at: Location,
+        out: &mut Vec<i64>,
+    ) -> PyResult<bool> {
         out.reserve(self.len);
         let start = out.len();
         let slots = &mut out.spare_capacity_mut()[..self.len];
         let mut exact = true;
-        for (i, slot) in slots.iter_mut().enumerate() {
-            // SAFETY: `seq` is alive (held by `self`) and `i < len`, which
-            // came from a Py_ssize_t. Only the exact-int read runs while
-            // `item` is used: plain C that runs no Python code.
-            #[allow(clippy::cast_possible_wrap)]
-            let fast = unsafe { exact_int(get(seq, i as ffi::Py_ssize_t)) }.filter(|v| (0..limit).contains(v));
-            let v = if let Some(v) = fast {
-                v
-            } else {
+        self.read_each(
+            // SAFETY: `read_each` passes a live item (or NULL).
+            |item| unsafe { exact_int::<LAYOUT>(item) }.filter(|v| (0..limit).contains(v)),
+            |i| {
                 // Takes the item anew (strongly) and says what is wrong.
                 let (v, is_exact) = token_at(self, i, field, limit, at)?;
                 exact &= is_exact;
-                v
-            };
-            slot.write(v);
-        }
-        // SAFETY: the slots up to `start + self.len` were all written above.
+                Ok(v)
+            },
+            |i, v| {
+                slots[i].write(v);
+            },
+        )?;
+        // SAFETY: `read_each` stored every slot up to `start + self.len`.
         unsafe { out.set_len(start + self.len) };
         Ok(exact)
     }
@@ -368,28 +376,25 @@ impl Items<'_> {
         values: &mut Vec<f64>,
         is_int: &mut Vec<bool>,
     ) -> PyResult<()> {
-        let (seq, get) = self.raw();
         let start = values.len();
         values.reserve(self.len);
         let int_start = is_int.len();
         is_int.resize(int_start + self.len, false);
         let is_int = &mut is_int[int_start..];
         let slots = &mut values.spare_capacity_mut()[..self.len];
-        for (k, slot) in slots.iter_mut().enumerate() {
-            // SAFETY: as in `read_tokens`: only the exact-float read runs
-            // while `item` is used.
-            #[allow(clippy::cast_possible_wrap)]
-            let fast = unsafe { exact_float(get(seq, k as ffi::Py_ssize_t)) };
-            let v = if let Some(v) = fast {
-                v
-            } else {
+        self.read_each(
+            // SAFETY: `read_each` passes a live item (or NULL).
+            |item| unsafe { exact_float(item) },
+            |k| {
                 let (v, int) = any_real(&self.get(k)?, what, Item { field, index: k }, at)?;
                 is_int[k] = int;
-                v
-            };
-            slot.write(v);
-        }
-        // SAFETY: the slots up to `start + self.len` were all written above.
+                Ok(v)
+            },
+            |k, v| {
+                slots[k].write(v);
+            },
+        )?;
+        // SAFETY: `read_each` stored every slot up to `start + self.len`.
         unsafe { values.set_len(start + self.len) };
         Ok(())
     }
@@ -397,27 +402,23 @@ impl Items<'_> {
     /// Reads every logprob (see [`logprob_at`]), writing the first
     /// `out.len()` of them to `out`; says whether all were exact `float`s.
     pub fn read_logprobs(&self, at: Location, out: &mut [f32]) -> PyResult<bool> {
-        let (seq, get) = self.raw();
         let mut exact = true;
-        for k in 0..self.len {
-            // SAFETY: as in `read_tokens`: only the exact-float read runs
-            // while `item` is used.
+        self.read_each(
             // float32 is the wire dtype; overflow is checked.
-            #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
-            let fast = unsafe { exact_float(get(seq, k as ffi::Py_ssize_t)) }
-                .map(|v| v as f32)
-                .filter(|v| v.is_finite());
-            let v = if let Some(v) = fast {
-                v
-            } else {
+            // SAFETY: `read_each` passes a live item (or NULL).
+            #[allow(clippy::cast_possible_truncation)]
+            |item| unsafe { exact_float(item) }.map(|v| v as f32).filter(|v| v.is_finite()),
+            |k| {
                 let (v, is_exact) = logprob_at(self, k, at)?;
                 exact &= is_exact;
-                v
-            };
-            if let Some(slot) = out.get_mut(k) {
-                *slot = v;
-            }
-        }
+                Ok(v)
+            },
+            |k, v| {
+                if let Some(slot) = out.get_mut(k) {
+                    *slot = v;
+                }
+            },
+        )?;
         Ok(exact)
     }
 }
