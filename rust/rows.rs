@@ -71,7 +71,8 @@ pub fn fill_row(
                 .iter_mut()
                 .zip(&values[skip..])
                 .for_each(|(d, &s)| {
-                    d.write(s.max(0));
+                    // max(s, 0), in a form SSE2 vectorizes (it has no 64-bit max).
+                    d.write(s & !(s >> 63));
                 });
             // Completion targets carry their logprob, advantage and mask;
             // the other positions 0 in all three.

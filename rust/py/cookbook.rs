@@ -13,6 +13,7 @@
 //! positions have target 0.
 
 use pyo3::exceptions::{PyAssertionError, PyValueError};
+use std::cell::RefCell;
 use std::ops::Range;
 
 use pyo3::intern;
@@ -45,24 +46,27 @@ struct TransitionIn<'py> {
     masked: bool,
     /// Its logprobs as given, into [`TrajectoryIn::raw_logprobs`].
     logprobs: std::ops::Range<usize>,
+    /// Whether any of them is an `int`.
+    int_logprobs: bool,
 }
 
-/// A token list as read: its elements `first..first + len`, and a snapshot
-/// of its items `from..` taken right after reading it when every item was
-/// an exact `int` (so no Python code ran meanwhile): its ints are the values
-/// read, whatever user code run later (a property, `metrics.get`) does to
-/// the caller's list. Elements without one are made anew from the values.
-struct Source<'py> {
+/// A token list as read: its elements `first..first + len`, of which
+/// `first + from..` were copied into the trajectory's store at `stored`
+/// right after reading them, when every item was an exact `int` (so no
+/// Python code ran meanwhile): the store's ints are the values read,
+/// whatever user code run later (a property, `metrics.get`) does to the
+/// caller's list. Elements without a copy are made anew from the values.
+struct Source {
     first: usize,
     len: usize,
     from: usize,
-    shared: Option<Items<'py>>,
+    stored: Option<usize>,
 }
 
-impl<'py> Source<'py> {
+impl Source {
     /// Reads `tokens` into `out`'s elements; `ob_start`, where the
     /// observation they are part of starts.
-    fn read(
+    fn read<'py>(
         tokens: &Items<'py>,
         field: &str,
         at: Location,
@@ -73,11 +77,22 @@ impl<'py> Source<'py> {
         let exact = tokens.read_tokens(field, MAX_TOKEN + 1, at, &mut out.plain.elements)?;
         let len = tokens.len();
         let from = ob_start.map_or(0, |start| out.repeated(start, first, len));
+        let mut stored = None;
+        if exact {
+            let mut store = out.store.borrow_mut();
+            let store = store.get_or_insert_with(|| {
+                let list = PyList::empty(tokens.py());
+                build::untrack_list(&list); // ints only
+                list
+            });
+            let at = store.len();
+            stored = tokens.append_to(store, from, len)?.then_some(at);
+        }
         out.sources.push(Source {
             first,
             len,
             from,
-            shared: if exact { tokens.snapshot_from(from) } else { None },
+            stored,
         });
         Ok(())
     }
@@ -95,8 +110,13 @@ struct TrajectoryIn<'py> {
     transitions: Vec<TransitionIn<'py>>,
     /// The distinct non-text chunks, by id.
     chunks: Vec<Bound<'py, PyAny>>,
-    /// The token lists read, in order: text chunks share their ints.
-    sources: Vec<Source<'py>>,
+    /// The token lists read, in order: text chunks share their ints, from
+    /// `store`.
+    sources: Vec<Source>,
+    /// The ints of the token lists read (see [`Source`]), in order. The
+    /// trajectory's last text chunk, when it is all of the store's start,
+    /// takes the store itself (`text_tokens`).
+    store: RefCell<Option<Bound<'py, PyList>>>,
     /// The elements of the observation of the transition being read, once
     /// read: if reading it then fails, the cookbook would still have acted
     /// on it (built the row it closes) first.
@@ -118,6 +138,7 @@ impl TrajectoryIn<'_> {
             transitions,
             chunks,
             sources,
+            store,
             pending_ob,
             has_zero_width,
             sequence,
@@ -129,6 +150,7 @@ impl TrajectoryIn<'_> {
         transitions.clear();
         chunks.clear();
         sources.clear();
+        *store.get_mut() = None;
         *pending_ob = None;
         *has_zero_width = false;
         sequence.clear();
@@ -276,7 +298,8 @@ fn read_trajectory<'py>(
         }
         let logprobs = Items::of(&logprobs, "ac.logprobs", ItemKind::Real, at)?;
         let raw_start = out.raw_logprobs.len();
-        logprobs.read_any_reals("logprob", "ac.logprobs", at, &mut out.raw_logprobs, &mut out.raw_is_int)?;
+        let int_logprobs =
+            logprobs.read_any_reals("logprob", "ac.logprobs", at, &mut out.raw_logprobs, &mut out.raw_is_int)?;
         out.logprobs.resize(out.plain.elements.len(), 0.0);
         let n = logprobs.len().min(n_tokens);
         for (dst, &v) in out.logprobs[mid..mid + n]
@@ -297,6 +320,7 @@ fn read_trajectory<'py>(
             sequence_id,
             masked,
             logprobs: raw_start..out.raw_logprobs.len(),
+            int_logprobs,
         });
     }
     Ok(())
@@ -399,9 +423,7 @@ fn cookbook_logprobs(
         .iter()
         .enumerate()
         .all(|(k, tr)| tr.logprobs.len() == part(k).1);
-    let any_int = transitions
-        .iter()
-        .any(|tr| traj.raw_is_int[tr.logprobs.clone()].iter().any(|&i| i));
+    let any_int = transitions.iter().any(|tr| tr.int_logprobs);
     if aligned && !any_int {
         return Ok(None);
     }
@@ -434,21 +456,23 @@ fn cookbook_logprobs(
 
 /// The model input `S[:-1]` as chunks: runs of tokens as text chunks, each
 /// non-text chunk as it was given; `zero_width` are the chunks of length 0
-/// with the position they stand before.
+/// with the position they stand before. `last_row`: no later row of the
+/// trajectory needs the store.
 fn input_chunks<'py>(
     py: Python<'py>,
     traj: &TrajectoryIn<'py>,
     pieces: &[Piece],
     zero_width: &[(usize, usize)],
     n: usize,
+    last_row: bool,
 ) -> PyResult<Vec<ChunkOut<'py>>> {
     let elements = &traj.plain.elements;
     let mut chunks = Vec::new();
     // The current text run, as ranges of elements.
     let mut run: Vec<Range<usize>> = Vec::new();
-    let flush = |run: &mut Vec<Range<usize>>, chunks: &mut Vec<ChunkOut<'py>>| -> PyResult<()> {
+    let flush = |run: &mut Vec<Range<usize>>, chunks: &mut Vec<ChunkOut<'py>>, last: bool| -> PyResult<()> {
         if !run.is_empty() {
-            chunks.push(ChunkOut::Text(text_tokens(py, traj, run)?));
+            chunks.push(ChunkOut::Text(text_tokens(py, traj, run, last)?));
             run.clear();
         }
         Ok(())
@@ -459,14 +483,18 @@ fn input_chunks<'py>(
         let (mut i, end) = (piece.elements.start, piece.elements.end);
         while i < end && position < n {
             while let Some(&(_, id)) = zero_width.next_if(|z| z.0 == position) {
-                flush(&mut run, &mut chunks)?;
+                flush(&mut run, &mut chunks, false)?;
                 chunks.push(ChunkOut::Given(traj.chunks[id].clone()));
             }
             if elements[i] >= 0 {
                 // Tokens up to the next non-text element, zero-width chunk or `n`.
                 let next_zero_width = zero_width.peek().map_or(usize::MAX, |z| z.0);
                 let limit = end.min(i + (n.min(next_zero_width) - position));
-                let len = elements[i..limit].iter().position(|&e| e < 0).unwrap_or(limit - i);
+                let len = if traj.chunks.is_empty() {
+                    limit - i // no non-text elements in the trajectory
+                } else {
+                    elements[i..limit].iter().position(|&e| e < 0).unwrap_or(limit - i)
+                };
                 match run.last_mut() {
                     Some(last) if last.end == i => last.end += len,
                     _ => run.push(i..i + len),
@@ -475,7 +503,7 @@ fn input_chunks<'py>(
                 position += len;
             } else {
                 if elements[i] != CONTINUATION {
-                    flush(&mut run, &mut chunks)?;
+                    flush(&mut run, &mut chunks, false)?;
                     chunks.push(ChunkOut::Given(traj.chunks[(-(elements[i] + 1)) as usize].clone()));
                 }
                 i += 1;
@@ -484,19 +512,26 @@ fn input_chunks<'py>(
         }
     }
     while let Some(&(_, id)) = zero_width.next_if(|z| z.0 == position) {
-        flush(&mut run, &mut chunks)?;
+        flush(&mut run, &mut chunks, false)?;
         chunks.push(ChunkOut::Given(traj.chunks[id].clone()));
     }
-    flush(&mut run, &mut chunks)?;
+    flush(&mut run, &mut chunks, last_row)?;
     Ok(chunks)
 }
 
-/// A text run's tokens as a new list, sharing the ints of the snapshots
-/// they were read from (copied slice by slice in C); the values read where
-/// there is none.
-fn text_tokens<'py>(py: Python<'py>, traj: &TrajectoryIn<'py>, run: &[Range<usize>]) -> PyResult<Bound<'py, PyList>> {
-    let out = PyList::empty(py);
-    build::untrack_list(&out);
+/// A text run's tokens as a list sharing the store's ints (the values read
+/// where the store has none). `last`: no later chunk needs the store, so a
+/// run that is the store's start takes the store itself, cut after it: no
+/// copy, and no reference counting of its ints.
+fn text_tokens<'py>(
+    py: Python<'py>,
+    traj: &TrajectoryIn<'py>,
+    run: &[Range<usize>],
+    last: bool,
+) -> PyResult<Bound<'py, PyList>> {
+    // The run as consecutive parts: store ranges (`true`) or element
+    // ranges made anew from the values (`false`).
+    let mut parts: Vec<(bool, Range<usize>)> = Vec::new();
     for r in run {
         let mut k = traj.sources.partition_point(|s| s.first + s.len <= r.start);
         let mut a = r.start;
@@ -504,16 +539,38 @@ fn text_tokens<'py>(py: Python<'py>, traj: &TrajectoryIn<'py>, run: &[Range<usiz
             // Every token element was read from a source.
             let source = traj.sources.get(k);
             let b = source.map_or(r.end, |s| r.end.min(s.first + s.len));
-            let shared = match source.and_then(|s| s.shared.as_ref().map(|items| (items, s.first + s.from))) {
-                Some((items, first)) if a >= first => items.append_to(&out, a - first, b - first)?,
-                _ => false,
+            let part = match source.and_then(|s| s.stored.map(|at| (at, s.first + s.from))) {
+                Some((at, first)) if a >= first => (true, at + a - first..at + b - first),
+                _ => (false, a..b),
             };
-            if !shared {
-                let end = out.len();
-                out.set_slice(end, end, PyList::new(py, &traj.plain.elements[a..b])?.as_any())?;
+            match parts.last_mut() {
+                Some((stored, last)) if *stored == part.0 && last.end == part.1.start => last.end = part.1.end,
+                _ => parts.push(part),
             }
             (a, k) = (b, k + 1);
         }
+    }
+    let whole_start = matches!(&parts[..], [(true, range)] if range.start == 0);
+    if last && whole_start && traj.store.borrow().is_some() {
+        let store = traj.store.borrow_mut().take().expect("the store was just there");
+        store.del_slice(parts[0].1.end, store.len())?;
+        return Ok(store);
+    }
+    let store = traj.store.borrow();
+    if let ([(true, range)], Some(store)) = (&parts[..], store.as_ref()) {
+        let out = store.get_slice(range.start, range.end);
+        build::untrack_list(&out);
+        return Ok(out);
+    }
+    let out = PyList::empty(py);
+    build::untrack_list(&out);
+    for (stored, range) in parts {
+        let end = out.len();
+        let part = match store.as_ref() {
+            Some(store) if stored => store.get_slice(range.start, range.end),
+            _ => PyList::new(py, &traj.plain.elements[range])?,
+        };
+        out.set_slice(end, end, part.as_any())?;
     }
     Ok(out)
 }
@@ -555,6 +612,8 @@ fn loss_input(key: LossKey, dtype: Dtype, array: Bound<'_, PyAny>) -> LossInput<
 }
 
 /// One row as the cookbook builds it, with its provenance.
+/// `last_row`: the trajectory's last (its chunks may take the store).
+#[allow(clippy::too_many_arguments)]
 fn cookbook_row<'py>(
     classes: &DatumClasses<'py>,
     traj: &TrajectoryIn<'py>,
@@ -563,6 +622,7 @@ fn cookbook_row<'py>(
     (g, t, advantage): (usize, usize, f32),
     since: usize,
     span_classes: Option<&SpanClasses<'py>>,
+    last_row: bool,
 ) -> PyResult<FilledRow<'py>> {
     let py = classes.datum.py();
     let at = Location::turn(g, t, row.first_turn).named(StepName::Transition);
@@ -645,7 +705,7 @@ fn cookbook_row<'py>(
         )
     };
     let filled = FilledRow {
-        model_input: ModelInputOut::Chunks(input_chunks(py, traj, pieces, &zero_width, n)?),
+        model_input: ModelInputOut::Chunks(input_chunks(py, traj, pieces, &zero_width, n, last_row)?),
         provenance,
         loss_inputs: vec![
             loss_input(LossKey::TargetTokens, Dtype::Int64, targets.into_array().into_any()),
@@ -695,7 +755,16 @@ fn rows_before_the_error<'py>(
     });
     let mut since = 0;
     for row in closed {
-        cookbook_row(classes, traj, row, plan.pieces_of(row), place, since, span_classes)?;
+        cookbook_row(
+            classes,
+            traj,
+            row,
+            plan.pieces_of(row),
+            place,
+            since,
+            span_classes,
+            false,
+        )?;
         since = row.first_turn + row.n_turns;
     }
     Ok(())
@@ -743,7 +812,7 @@ pub fn cookbook_datums<'py>(
             }
             plan_rows(&traj.plain, Merge::WhilePromptExtends, Keep::NonEmpty, &mut plan);
             let mut since = 0;
-            for row in &plan.rows {
+            for (r, row) in plan.rows.iter().enumerate() {
                 let pieces = plan.pieces_of(row);
                 rows.push(cookbook_row(
                     classes,
@@ -753,6 +822,7 @@ pub fn cookbook_datums<'py>(
                     (g, t, advantage),
                     since,
                     span_classes,
+                    r + 1 == plan.rows.len(),
                 )?);
                 since = row.first_turn + row.n_turns;
             }

@@ -160,26 +160,6 @@ impl<'py> Items<'py> {
         }
     }
 
-    /// Items `from..` as they are now, in a sequence of our own that no
-    /// user code can reach: a list's items copied by CPython in C (no
-    /// Python code runs, even for a subclass), a tuple's too unless they are
-    /// all of it. `None` if the sequence no longer has the length read.
-    pub fn snapshot_from(&self, from: usize) -> Option<Items<'py>> {
-        if self.current_len() != self.len {
-            return None;
-        }
-        let seq = match &self.seq {
-            Seq::List(l) => Seq::List(l.get_slice(from, self.len)),
-            Seq::Tuple(t) if from == 0 => Seq::Tuple(t.clone()),
-            Seq::Tuple(t) => Seq::Tuple(t.get_slice(from, self.len)),
-        };
-        Some(Items {
-            seq,
-            len: self.len - from.min(self.len),
-            ..*self
-        })
-    }
-
     fn current_len(&self) -> usize {
         match &self.seq {
             Seq::List(l) => l.len(),
@@ -367,7 +347,8 @@ impl Items<'_> {
     }
 
     /// Appends every item as [`any_real`] reads it (`field[k]` in
-    /// messages) to `values`, and whether each was an `int` to `is_int`.
+    /// messages) to `values`, and whether each was an `int` to `is_int`;
+    /// says whether any was.
     pub fn read_any_reals(
         &self,
         what: &str,
@@ -375,19 +356,21 @@ impl Items<'_> {
         at: Location,
         values: &mut Vec<f64>,
         is_int: &mut Vec<bool>,
-    ) -> PyResult<()> {
+    ) -> PyResult<bool> {
         let start = values.len();
         values.reserve(self.len);
         let int_start = is_int.len();
         is_int.resize(int_start + self.len, false);
         let is_int = &mut is_int[int_start..];
         let slots = &mut values.spare_capacity_mut()[..self.len];
+        let mut any_int = false;
         self.read_each(
             // SAFETY: `read_each` passes a live item (or NULL).
             |item| unsafe { exact_float(item) },
             |k| {
                 let (v, int) = any_real(&self.get(k)?, what, Item { field, index: k }, at)?;
                 is_int[k] = int;
+                any_int |= int;
                 Ok(v)
             },
             |k, v| {
@@ -396,7 +379,7 @@ impl Items<'_> {
         )?;
         // SAFETY: `read_each` stored every slot up to `start + self.len`.
         unsafe { values.set_len(start + self.len) };
-        Ok(())
+        Ok(any_int)
     }
 
     /// Reads every logprob (see [`logprob_at`]), writing the first
