@@ -16,7 +16,9 @@ use pyo3::prelude::*;
 
 use py::exports;
 
-#[pymodule]
+// The read loops take items from a list's array without holding them,
+// which only the GIL makes safe (rust/py/exact.rs).
+#[pymodule(gil_used = true)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("INT_READ", py::exact::probe_int_layout(m.py())?)?;

@@ -715,3 +715,93 @@ def test_each_hostile_class_ends_like_the_reference(case):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider", *sys.argv[1:]]))
+
+
+# ---------------------------------------------------------------- finalizers between reading and copying
+
+# User code (a property) turns the collector back on during the call and
+# leaves a finalizer behind that rewrites a token list in place. Once the
+# tokens are read, any allocation can set off the collection that runs it;
+# were the model input then copied from the caller's list, it would disagree
+# with the targets made from the values read. In a fresh interpreter: the
+# collection's timing depends on the free lists, which a test runner's own
+# objects (hypothesis's GC callbacks, for one) keep refilling.
+
+FINALIZER_SCRIPT = """
+import gc, json, sys
+import tinker
+import tinker_rl_data as trd
+from tinker_rl_data import cookbook
+from tinker_rl_data.env import Trajectory, TrajectoryGroup
+
+keep, armed = [], [True]
+
+class Slot:
+    __slots__ = ("a",)
+
+class Rewriter:  # in a cycle: freed only by a collection, which runs __del__
+    def __init__(self, tokens):
+        self.tokens, self.me = tokens, self
+
+    def __del__(self):
+        if armed[0]:
+            for i in range(len(self.tokens)):  # in place: no list goes back to the free list
+                self.tokens[i] += 100
+            Rewriter(self.tokens)
+
+def arm(tokens):
+    keep.append([[] for _ in range(200)])  # empty the list free list: new lists are GC allocations
+    gc.enable()
+    gc.set_threshold(1)
+    Rewriter(tokens)
+    keep.append(Slot())  # a collection now; its finalizer leaves a Rewriter for the next one
+
+class Ac:  # a cookbook action whose tokens property arms it
+    maybe_logprobs, sequence_id = [-0.5] * 4, "s"
+
+    def __init__(self, tokens):
+        self._tokens = tokens
+
+    @property
+    def tokens(self):
+        arm(self._tokens)
+        return self._tokens
+
+class Transition:
+    def __init__(self, ob, ac):
+        self.ob, self.ac, self.reward, self.metrics = ob, ac, 0.0, {}
+
+class Traj:
+    def __init__(self, transitions):
+        self.transitions = transitions
+
+class ArmingTurn:  # an evsys turn whose prompt_tokens property arms its completion
+    def __init__(self, prompt, completion):
+        self._prompt, self.completion_tokens, self.logprobs = prompt, completion, [-0.5] * len(completion)
+
+    @property
+    def prompt_tokens(self):
+        arm(self.completion_tokens)
+        return self._prompt
+
+if sys.argv[1] == "cookbook":
+    empty = tinker.ModelInput(chunks=[])
+    datums = cookbook.trajectory_to_data(Traj([Transition(empty, Ac([1, 2, 3, 4]))]), 0.5)
+else:
+    groups = [TrajectoryGroup([Trajectory([ArmingTurn([1, 2], [3, 4, 5])], 1.0)])]
+    datums, _ = trd.assemble_training_data(groups, [[0.5]])
+armed[0] = False
+print(json.dumps([[d.model_input.to_ints(), d.loss_fn_inputs["target_tokens"].tolist()] for d in datums]))
+"""
+
+
+@pytest.mark.parametrize("api", ["cookbook", "evsys"])
+def test_a_finalizer_that_rewrites_tokens_after_they_are_read_changes_no_datum_halfway(api):
+    done = subprocess.run(
+        [sys.executable, "-c", FINALIZER_SCRIPT, api], capture_output=True, text=True, timeout=CHILD_TIMEOUT
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout.splitlines()[-1])
+    assert rows
+    for model_input, targets in rows:
+        assert model_input[1:] == targets[:-1], (model_input, targets)

@@ -157,8 +157,9 @@ pub fn evsys_datums<'py>(
 }
 
 /// `S[:-1]` of a row as a list of ints. When every value of the trajectory
-/// was an exact int or float, no Python code ran since its tokens were
-/// read, so the caller's sequences still hold exactly those ints: the list
+/// was an exact int or float read with the collector off, no Python code
+/// ran since its tokens were read (see `Items::read_tokens`), so the
+/// caller's sequences still hold exactly those ints: the list
 /// shares them, copied slice by slice by CPython. Otherwise (bools, numpy
 /// integers, user objects) it is made from the values read.
 fn model_input_list<'py>(

@@ -472,6 +472,13 @@ impl GcPaused {
     }
 }
 
+/// Whether the cyclic collector is off (user code may have turned it back
+/// on inside a [`GcPaused`] call).
+pub fn collector_off(_py: Python<'_>) -> bool {
+    // SAFETY: attached to the interpreter (`_py`); reads the collector's flag.
+    unsafe { ffi::PyGC_IsEnabled() == 0 }
+}
+
 impl Drop for GcPaused {
     fn drop(&mut self) {
         if self.was_enabled {

@@ -103,9 +103,11 @@ pub fn int_read() -> u8 {
 /// answer (a constant, so that each read loop is made for one layout).
 #[inline]
 pub unsafe fn exact_int<const LAYOUT: u8>(item: *mut ffi::PyObject) -> Option<i64> {
-    // SAFETY: `item` is live (caller). An exact int is at least its header
-    // plus one digit long, so the loads below stay inside it; the layout
-    // was checked against known values at import (`probe_int_layout`).
+    // SAFETY: `item` is live (caller). On CPython 3.11+ (the only versions
+    // the probe accepts a layout for) an exact int, zero included, is at
+    // least its header plus one digit long, so the loads below stay inside
+    // it; the layout was checked against known values at import
+    // (`probe_int_layout`).
     unsafe {
         if item.is_null() || ffi::Py_TYPE(item) != &raw mut ffi::PyLong_Type {
             return None;

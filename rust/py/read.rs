@@ -12,9 +12,10 @@ use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyAttributeError, PyOverflowError, PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyFloat, PyInt, PyList, PyString, PyTuple};
-use pyo3::{ffi, intern, Borrowed};
+use pyo3::{ffi, intern};
 
 use crate::error::{ErrorKind, InputError, Location};
+use crate::py::build::collector_off;
 use crate::py::exact::{exact_float, exact_int, int_read, RawItems, BY_API, BY_LV_TAG, BY_OB_SIZE};
 
 pub const MAX_TOKEN: i64 = i32::MAX as i64;
@@ -139,27 +140,6 @@ impl<'py> Items<'py> {
         PyRuntimeError::new_err(InputError::new(ErrorKind::Value, self.at, message).to_string())
     }
 
-    /// Item `i`, borrowed: no reference count traffic on the hot path.
-    ///
-    /// # Safety
-    /// The caller must run no Python code while the result is alive: code
-    /// that mutates the list could free the item.
-    #[inline]
-    unsafe fn peek(&self, i: usize) -> PyResult<Borrowed<'_, 'py, PyAny>> {
-        match &self.seq {
-            Seq::List(l) => {
-                let index = ffi::Py_ssize_t::try_from(i)?;
-                // SAFETY: `l` is a live list held by `self`; PyList_GetItem
-                // checks the index and returns a borrowed reference (or NULL
-                // with an IndexError set); the caller keeps the list unchanged
-                // while the reference is used.
-                unsafe { Borrowed::from_ptr_or_err(l.py(), ffi::PyList_GetItem(l.as_ptr(), index)) }
-                    .map_err(|_| self.shrank())
-            }
-            Seq::Tuple(t) => t.get_borrowed_item(i),
-        }
-    }
-
     fn current_len(&self) -> usize {
         match &self.seq {
             Seq::List(l) => l.len(),
@@ -244,19 +224,17 @@ impl std::fmt::Display for Item<'_> {
 /// was an exact `int`, whose reading ran no Python code.
 #[inline]
 pub fn token_at(items: &Items<'_>, i: usize, field: &str, limit: i64, at: Location) -> PyResult<(i64, bool)> {
-    // SAFETY: nothing below runs Python code while `item` is borrowed: the
-    // exact-int check and read are plain C; anything else is taken strongly
-    // (`to_owned`) first.
-    let item = unsafe { items.peek(i)? };
+    // Held strongly: an error made below can set off a collection whose
+    // finalizers change the list (the fast path has declined this item).
+    let item = items.get(i)?;
     let at_item = Item { field, index: i };
     if item.is_exact_instance_of::<PyInt>() {
         let value = item.extract::<i64>().map_or(Integer::TooLarge, Integer::Value);
         return match value {
             Integer::Value(v) if (0..limit).contains(&v) => Ok((v, true)),
-            _ => Err(bad_token(&item.to_owned(), value, at_item, limit, at)),
+            _ => Err(bad_token(&item, value, at_item, limit, at)),
         };
     }
-    let item = item.to_owned();
     match index_value(&item)? {
         Integer::Value(v) if (0..limit).contains(&v) => Ok((v, false)),
         value => Err(bad_token(&item, value, at_item, limit, at)),
@@ -279,6 +257,7 @@ impl Items<'_> {
     /// borrowed, straight from the container's item array; `slow(k)` reads
     /// item `k` when `fast` declines it (and may run Python code, so the
     /// array is taken anew after it). `put(k, value)` stores each value.
+    /// `fast` and `put` must run no Python code.
     #[inline]
     fn read_each<T>(
         &self,
@@ -289,14 +268,16 @@ impl Items<'_> {
         let items = self.raw();
         let mut k = 0;
         while k < self.len {
-            // SAFETY: no Python code runs from here to `slow`, after the
-            // last use of `now` and its items (`fast` runs none).
-            let now = unsafe { items.now() };
-            let end = now.len().min(self.len);
-            while k < end {
-                let Some(v) = fast(now[k]) else { break };
-                put(k, v);
-                k += 1;
+            {
+                // SAFETY: no Python code runs while `now` and its items are
+                // used (`fast` and `put` run none); `slow` runs after.
+                let now = unsafe { items.now() };
+                let end = now.len().min(self.len);
+                while k < end {
+                    let Some(v) = fast(now[k]) else { break };
+                    put(k, v);
+                    k += 1;
+                }
             }
             if k < self.len {
                 put(k, slow(k)?);
@@ -306,15 +287,24 @@ impl Items<'_> {
         Ok(())
     }
 
-    /// Appends every token (see [`token_at`]) to `out`; says whether all
-    /// were exact `int`s. Exact ints in range are read in place, with no
-    /// reference counting; anything else goes through `token_at`.
+    /// Appends every token (see [`token_at`]) to `out`. Exact ints in range
+    /// are read in place, with no reference counting; anything else goes
+    /// through `token_at`.
+    ///
+    /// Says whether they were all exact `int`s read with the collector off:
+    /// then no Python code ran, and none can run until the caller runs some
+    /// (no collection can start, so no finalizer), so the sequence still
+    /// holds exactly the ints read. User code run earlier may have turned
+    /// the collector back on: then a collection set off by any allocation
+    /// could run finalizers that change the sequence before it is copied.
     pub fn read_tokens(&self, field: &str, limit: i64, at: Location, out: &mut Vec<i64>) -> PyResult<bool> {
-        match int_read() {
+        let quiet = collector_off(self.py());
+        let exact = match int_read() {
             BY_OB_SIZE => self.read_tokens_as::<BY_OB_SIZE>(field, limit, at, out),
             BY_LV_TAG => self.read_tokens_as::<BY_LV_TAG>(field, limit, at, out),
             _ => self.read_tokens_as::<BY_API>(field, limit, at, out),
-        }
+        }?;
+        Ok(exact && quiet)
     }
 
     fn read_tokens_as<const LAYOUT: u8>(
@@ -463,9 +453,7 @@ fn bad_token(item: &Bound<'_, PyAny>, value: Integer, at_item: Item<'_>, limit: 
 /// whether it was an exact `float` (read without running Python code).
 #[inline]
 pub fn logprob_at(items: &Items<'_>, k: usize, at: Location) -> PyResult<(f32, bool)> {
-    // SAFETY: as in `token_at`: only the exact-float read happens while
-    // `item` is borrowed.
-    let item = unsafe { items.peek(k)? };
+    let item = items.get(k)?; // as in `token_at`
     if let Ok(float) = item.cast_exact::<PyFloat>() {
         // float32 is the wire dtype; overflow is checked.
         let v = float.value() as f32;
@@ -473,7 +461,6 @@ pub fn logprob_at(items: &Items<'_>, k: usize, at: Location) -> PyResult<(f32, b
             return Ok((v, true));
         }
     }
-    let item = item.to_owned();
     let at_item = Item {
         field: "logprobs",
         index: k,
