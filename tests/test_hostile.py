@@ -713,10 +713,6 @@ def test_each_hostile_class_ends_like_the_reference(case):
     assert not problems, "\n".join(problems)
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider", *sys.argv[1:]]))
-
-
 # ---------------------------------------------------------------- finalizers between reading and copying
 
 # User code (a property) turns the collector back on during the call and
@@ -805,3 +801,7 @@ def test_a_finalizer_that_rewrites_tokens_after_they_are_read_changes_no_datum_h
     assert rows
     for model_input, targets in rows:
         assert model_input[1:] == targets[:-1], (model_input, targets)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider", *sys.argv[1:]]))
