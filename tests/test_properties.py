@@ -4,7 +4,10 @@ fuzzed from Python, and behaviour under threads and repetition."""
 from __future__ import annotations
 
 import gc
+import json
 import math
+import os
+import subprocess
 import sys
 import threading
 
@@ -226,3 +229,33 @@ def test_ints_are_read_in_place_on_the_cpythons_we_ship_for():
 
     if sys.implementation.name == "cpython" and (3, 11) <= sys.version_info[:2] <= (3, 14):
         assert _core.INT_READ.startswith("digits in place"), _core.INT_READ
+
+
+INT_READ_SCRIPT = """
+import json
+import tinker_rl_data as trd
+from tinker_rl_data import _core
+from tinker_rl_data.env import Trajectory, TrajectoryGroup, Turn
+
+tokens = [0, 1, 255, 256, 2**30 - 1, 2**30, 2**31 - 1, 7, 2**30 + 1]
+turns = [Turn(tokens[:k], tokens[k:], [-0.5] * (len(tokens) - k)) for k in range(1, len(tokens))]
+groups = [TrajectoryGroup([Trajectory([turn], float(k)) for k, turn in enumerate(turns)])]
+datums, _ = trd.assemble_training_data(groups, trd.compute_advantages(groups))
+rows = [[d.model_input.to_ints(), d.loss_fn_inputs["target_tokens"].tolist()] for d in datums]
+print(json.dumps([_core.INT_READ, tokens, rows]))
+"""
+
+
+def test_the_c_api_int_read_gives_the_same_datums():
+    # The fallback for an interpreter whose int layout the probe does not
+    # know, forced by the environment variable; ints of one and two digits.
+    outputs = []
+    for extra in ({}, {"TINKER_RL_DATA_INT_READ": "api"}):
+        done = subprocess.run(
+            [sys.executable, "-c", INT_READ_SCRIPT], env={**os.environ, **extra}, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        outputs.append(json.loads(done.stdout.splitlines()[-1]))
+    (default_read, tokens, default_rows), (api_read, _, api_rows) = outputs
+    assert api_read == "PyLong_AsLongLongAndOverflow", default_read
+    assert api_rows == default_rows == [[tokens[:-1], tokens[1:]]] * (len(tokens) - 1)
