@@ -472,21 +472,23 @@ def test_the_young_collection_due_runs_after_the_call_not_inside_it():
 def test_text_chunks_are_lists_of_their_own(rows):
     """The chunks share the caller's ints, never its lists: changing the
     caller's token lists afterwards changes no Datum, and the reverse."""
-    ob_tokens, ac_tokens = [1, 2, 3], [4, 5, 6]
-    transitions = [step(ob(tinker.EncodedTextChunk(tokens=ob_tokens)), ac_tokens)]
+    transitions = [step(ob(text(1, 2, 3)), [4, 5, 6])]
     if rows == 2:  # a second observation that does not extend the first
         transitions.append(step(ob(text(9, 8)), [7, 7]))
+    callers = [l for tr in transitions for l in (tr.ob.chunks[0].tokens, tr.ac.tokens)]  # the lists read
     datums = ours.trajectory_to_data(Trajectory(transitions=transitions, final_ob=ob()), 0.5)
     assert len(datums) == rows
-    before = [[list(c.tokens) for c in d.model_input.chunks] for d in datums]
     tokens = [c.tokens for d in datums for c in d.model_input.chunks]
-    assert not any(t is ob_tokens or t is ac_tokens for t in tokens)
-    assert before[0] == [[1, 2, 3, 4, 5]]
-    ob_tokens[:] = [0]
-    ac_tokens.append(99)
-    assert [[list(c.tokens) for c in d.model_input.chunks] for d in datums] == before
-    tokens[0].append(42)
-    assert (ob_tokens, ac_tokens) == ([0], [4, 5, 6, 99])
+    before = [list(t) for t in tokens]
+    assert before[0] == [1, 2, 3, 4, 5]
+    ids = {id(t) for t in tokens} | {id(t) for t in callers}
+    assert len(ids) == len(tokens) + len(callers)  # no list shared, between Datums or with the caller
+    for t in callers:
+        t[:] = [0]
+    assert [list(t) for t in tokens] == before
+    for t in tokens:
+        t.append(42)
+    assert all(t == [0] for t in callers)
 
 
 def test_spans_are_untracked_only_when_their_sequence_id_is_an_atom():

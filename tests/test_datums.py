@@ -110,3 +110,27 @@ def test_a_cycle_made_through_a_tracked_container_is_still_collected():
     (datum, *_), _ = rows._direct(batch, [[0.5, -0.5]], False, None, False).result
     datum.loss_fn_inputs["cycle"] = [datum]
     assert gc.is_tracked(datum.loss_fn_inputs)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "public-constructors"])
+def test_user_code_run_while_reading_runs_with_the_gc_off_on_both_paths(monkeypatch, direct):
+    import tinker_rl_data as trd
+    from tinker_rl_data.env import Trajectory, TrajectoryGroup
+
+    if direct and not rows.DIRECT:
+        pytest.skip("this tinker takes the public constructors")
+    seen = []
+
+    class Watching:
+        completion_tokens, logprobs = [3, 4], [-0.5, -0.5]
+
+        @property
+        def prompt_tokens(self):
+            seen.append(gc.isenabled())
+            return [1, 2]
+
+    monkeypatch.setattr(rows, "DIRECT", direct)
+    assert gc.isenabled()
+    datums, _ = trd.assemble_training_data([TrajectoryGroup([Trajectory([Watching()], 1.0)])], [[0.5]])
+    assert len(datums) == 1 and seen and not any(seen), seen
+    assert gc.isenabled()

@@ -750,7 +750,7 @@ def arm(tokens):
     gc.enable()
     gc.set_threshold(1)
     Rewriter(tokens)
-    keep.append(Slot())  # a collection now; its finalizer leaves a Rewriter for the next one
+    keep.append(Slot())  # GC allocations from here on set off collections; each finalizer leaves another Rewriter
 
 class Ac:  # a cookbook action whose tokens property arms it
     maybe_logprobs, sequence_id = [-0.5] * 4, "s"
@@ -781,13 +781,20 @@ class ArmingTurn:  # an evsys turn whose prompt_tokens property arms its complet
         return self._prompt
 
 if sys.argv[1] == "cookbook":
+    rewritten = [1, 2, 3, 4]
     empty = tinker.ModelInput(chunks=[])
-    datums = cookbook.trajectory_to_data(Traj([Transition(empty, Ac([1, 2, 3, 4]))]), 0.5)
+    datums = cookbook.trajectory_to_data(Traj([Transition(empty, Ac(rewritten))]), 0.5)
 else:
-    groups = [TrajectoryGroup([Trajectory([ArmingTurn([1, 2], [3, 4, 5])], 1.0)])]
+    rewritten = [3, 4, 5]
+    groups = [TrajectoryGroup([Trajectory([ArmingTurn([1, 2], rewritten)], 1.0)])]
     datums, _ = trd.assemble_training_data(groups, [[0.5]])
-armed[0] = False
-print(json.dumps([[d.model_input.to_ints(), d.loss_fn_inputs["target_tokens"].tolist()] for d in datums]))
+armed[0] = False  # no allocation before this: any rewrite so far happened inside the call
+rows = []
+for d in datums:
+    model_input, targets = d.model_input.to_ints(), d.loss_fn_inputs["target_tokens"].tolist()
+    read = (model_input + targets[-1:])[-len(rewritten):]  # the rewritten list's values as read
+    rows.append([model_input, targets, read, list(rewritten)])
+print(json.dumps(rows))
 """
 
 
@@ -799,8 +806,10 @@ def test_a_finalizer_that_rewrites_tokens_after_they_are_read_changes_no_datum_h
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout.splitlines()[-1])
     assert rows
-    for model_input, targets in rows:
+    for model_input, targets, read, rewritten in rows:
         assert model_input[1:] == targets[:-1], (model_input, targets)
+        # The scenario happened: a finalizer rewrote the list after it was read.
+        assert read != rewritten, (read, rewritten)
 
 
 if __name__ == "__main__":

@@ -52,8 +52,9 @@ struct TransitionIn<'py> {
 
 /// A token list as read: its elements `first..first + len`, of which
 /// `first + from..` were copied into the trajectory's store at `stored`
-/// right after reading them, when every item was an exact `int` (so no
-/// Python code ran meanwhile): the store's ints are the values read,
+/// right after reading them, when every item was an exact `int` read with
+/// the collector off (so no Python code ran meanwhile, not even a
+/// finalizer: see `Items::read_tokens`): the store's ints are the values read,
 /// whatever user code run later (a property, `metrics.get`) does to the
 /// caller's list. Elements without a copy are made anew from the values.
 struct Source {

@@ -108,6 +108,7 @@ pub fn py_reward_metrics(groups: &Bound<'_, PyAny>) -> PyResult<Option<(f64, f64
 #[pyfunction(name = "group_tags")]
 pub fn py_group_tags<'py>(groups: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyList>>> {
     guarded(|| {
+        let _gc = GcPaused::new(groups.py()); // user code run while reading runs with it off
         let groups = Items::of(groups, "trajectory_groups", ItemKind::Object, Location::BATCH)?;
         (0..groups.len())
             .map(|g| read_tags(&groups.get(g)?, Location::group(g)))
@@ -138,6 +139,7 @@ pub fn py_assemble_arrays(
 ) -> PyResult<Rows> {
     guarded(|| {
         let py = groups.py();
+        let _gc = GcPaused::new(py);
         let options = Options::new(merge_turns, vocab_size, ModelInputKind::List);
         let rows = assemble::evsys_arrays(groups, advantages, options)?;
         Ok(Rows {

@@ -1,5 +1,6 @@
-//! The PyO3 glue: reading the user's objects (`read`, and one reader per
-//! input shape: `evsys`, `cookbook`), turning planned rows into tinker's
+//! The PyO3 glue: reading the user's objects (`read`, its in-place reads of
+//! exact ints and floats in `exact`, and one reader per input shape:
+//! `evsys`, `cookbook`), turning planned rows into tinker's
 //! objects (`build`), the pipeline that joins them (`assemble`), and the
 //! exported functions (`exports`). The numeric work lives outside, in plain
 //! Rust (`plan`, `rows`, `advantages`).

@@ -4,9 +4,10 @@
 //! Any of them may run user code while it is read (`__index__`,
 //! `__float__`, `__iter__`, a property), and that code may change or free
 //! whatever it can reach. So containers are held by strong references for
-//! as long as they are read; an item is borrowed only across the few C
-//! calls that read an exact `int` or `float` (which run no Python code) and
-//! is held strongly before anything that can; every value is read once.
+//! as long as they are read; an item is borrowed only while an exact `int`
+//! or `float` is read in place (`exact.rs`: no Python code runs), and is
+//! held strongly before anything that can run some; every value is read
+//! once.
 
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyAttributeError, PyOverflowError, PyRuntimeError, PyTypeError};
