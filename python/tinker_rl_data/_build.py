@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import fields, is_dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import tinker
@@ -31,18 +31,9 @@ logger = logging.getLogger("tinker_rl_data")
 _CLASSES = (Datum, ModelInput, EncodedTextChunk, TensorData, DatumMetadata)
 
 
-class Built(NamedTuple):
-    """What both paths give (``_core.BuiltDatums`` has the same fields):
-    the ``(datums, metadata)`` pair to return as it is, and how the
-    logprobs of turns were fitted."""
-
-    result: tuple[list[Datum], list[DatumMetadata]]
-    fitted: _core.Fitted
-
-
 def _direct(
     groups: Sequence[Any], advantages: Any, merge_turns: bool, vocab_size: int | None, numpy_tokens: bool
-) -> Built | _core.BuiltDatums:
+) -> _core.BuiltDatums:
     # The pair is made by the core with the GC still paused, so the young
     # collection due for the new objects runs at the caller's next
     # allocation: returned as it is, with no tuple made here.
@@ -51,7 +42,7 @@ def _direct(
 
 def _public(
     groups: Sequence[Any], advantages: Any, merge_turns: bool, vocab_size: int | None, numpy_tokens: bool
-) -> Built | _core.BuiltDatums:
+) -> _core.BuiltDatums:
     """Through tinker's public constructors, from the core's flat rows; each
     Datum gets copies of its own rows (no view of the batch's arrays)."""
     rows = _core.assemble_arrays(groups, advantages, merge_turns, vocab_size)
@@ -74,7 +65,7 @@ def _public(
         datums.append(Datum(model_input=model_input, loss_fn_inputs=loss_fn_inputs))
     columns = zip(rows.group_idx.tolist(), rows.traj_idx.tolist(), rows.turn_idx.tolist(), rows.n_turns.tolist())
     metadata = [DatumMetadata(g, t, u, list(tags[g]), n) for g, t, u, n in columns]
-    return Built((datums, metadata), rows.fitted)
+    return _core.BuiltDatums((datums, metadata), rows.fitted)
 
 
 def same_datum(a: Datum, b: Datum) -> bool:
@@ -236,7 +227,7 @@ NUMPY_TOKENS_UNSUPPORTED = _numpy_tokens_check()
 
 def build_datums(
     groups: Sequence[Any], advantages: Any, merge_turns: bool, vocab_size: int | None, numpy_tokens: bool
-) -> Built | _core.BuiltDatums:
+) -> _core.BuiltDatums:
     """Datums, their metadata, and how the logprobs of turns were fitted."""
     if numpy_tokens and NUMPY_TOKENS_UNSUPPORTED:
         raise RuntimeError(f"model_input_tokens='numpy' is not available: {NUMPY_TOKENS_UNSUPPORTED}")

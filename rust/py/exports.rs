@@ -38,11 +38,20 @@ impl From<FitReport> for Fitted {
 
 /// The result of `assemble_datums`: `result` is the `(datums, metadata)`
 /// pair the public function returns as it is (made here, with the GC still
-/// paused: see `py_assemble_datums`).
+/// paused: see `py_assemble_datums`). The public-constructor path makes
+/// one in Python, so both paths give the same thing.
 #[pyclass(frozen, get_all, module = "tinker_rl_data._core")]
 pub struct BuiltDatums {
     result: Py<PyTuple>,
     fitted: Py<Fitted>,
+}
+
+#[pymethods]
+impl BuiltDatums {
+    #[new]
+    fn new(result: Py<PyTuple>, fitted: Py<Fitted>) -> Self {
+        BuiltDatums { result, fitted }
+    }
 }
 
 /// The result of `assemble_arrays`: flat columns, row `i` is
