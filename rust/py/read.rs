@@ -258,9 +258,12 @@ impl Items<'_> {
     /// borrowed, straight from the container's item array; `slow(k)` reads
     /// item `k` when `fast` declines it (and may run Python code, so the
     /// array is taken anew after it). `put(k, value)` stores each value.
-    /// `fast` and `put` must run no Python code.
+    ///
+    /// # Safety
+    /// `fast` and `put` run no Python code: the item array they are handed
+    /// is borrowed, and Python code could resize the list or free items.
     #[inline]
-    fn read_each<T>(
+    unsafe fn read_each<T>(
         &self,
         fast: impl Fn(*mut ffi::PyObject) -> Option<T>,
         mut slow: impl FnMut(usize) -> PyResult<T>,
@@ -271,7 +274,8 @@ impl Items<'_> {
         while k < self.len {
             {
                 // SAFETY: no Python code runs while `now` and its items are
-                // used (`fast` and `put` run none); `slow` runs after.
+                // used (`fast` and `put` run none, the caller's promise);
+                // `slow` runs after.
                 let now = unsafe { items.now() };
                 let end = now.len().min(self.len);
                 while k < end {
@@ -319,19 +323,23 @@ impl Items<'_> {
         let start = out.len();
         let slots = &mut out.spare_capacity_mut()[..self.len];
         let mut exact = true;
-        self.read_each(
-            // SAFETY: `read_each` passes a live item (or NULL).
-            |item| unsafe { exact_int::<LAYOUT>(item) }.filter(|v| (0..limit).contains(v)),
-            |i| {
-                // Takes the item anew (strongly) and says what is wrong.
-                let (v, is_exact) = token_at(self, i, field, limit, at)?;
-                exact &= is_exact;
-                Ok(v)
-            },
-            |i, v| {
-                slots[i].write(v);
-            },
-        )?;
+        // SAFETY: `fast` reads an exact int in place and `put` stores a
+        // value: neither runs Python code.
+        unsafe {
+            self.read_each(
+                // SAFETY: `read_each` passes a live item (or NULL).
+                |item| exact_int::<LAYOUT>(item).filter(|v| (0..limit).contains(v)),
+                |i| {
+                    // Takes the item anew (strongly) and says what is wrong.
+                    let (v, is_exact) = token_at(self, i, field, limit, at)?;
+                    exact &= is_exact;
+                    Ok(v)
+                },
+                |i, v| {
+                    slots[i].write(v);
+                },
+            )?;
+        }
         // SAFETY: `read_each` stored every slot up to `start + self.len`.
         unsafe { out.set_len(start + self.len) };
         Ok(exact)
@@ -355,19 +363,23 @@ impl Items<'_> {
         let is_int = &mut is_int[int_start..];
         let slots = &mut values.spare_capacity_mut()[..self.len];
         let mut any_int = false;
-        self.read_each(
-            // SAFETY: `read_each` passes a live item (or NULL).
-            |item| unsafe { exact_float(item) },
-            |k| {
-                let (v, int) = any_real(&self.get(k)?, what, Item { field, index: k }, at)?;
-                is_int[k] = int;
-                any_int |= int;
-                Ok(v)
-            },
-            |k, v| {
-                slots[k].write(v);
-            },
-        )?;
+        // SAFETY: `fast` reads an exact float in place and `put` stores a
+        // value: neither runs Python code.
+        unsafe {
+            self.read_each(
+                // SAFETY: `read_each` passes a live item (or NULL).
+                |item| exact_float(item),
+                |k| {
+                    let (v, int) = any_real(&self.get(k)?, what, Item { field, index: k }, at)?;
+                    is_int[k] = int;
+                    any_int |= int;
+                    Ok(v)
+                },
+                |k, v| {
+                    slots[k].write(v);
+                },
+            )?;
+        }
         // SAFETY: `read_each` stored every slot up to `start + self.len`.
         unsafe { values.set_len(start + self.len) };
         Ok(any_int)
@@ -377,22 +389,26 @@ impl Items<'_> {
     /// `out.len()` of them to `out`; says whether all were exact `float`s.
     pub fn read_logprobs(&self, at: Location, out: &mut [f32]) -> PyResult<bool> {
         let mut exact = true;
-        self.read_each(
-            // float32 is the wire dtype; overflow is checked.
-            // SAFETY: `read_each` passes a live item (or NULL).
-            #[allow(clippy::cast_possible_truncation)]
-            |item| unsafe { exact_float(item) }.map(|v| v as f32).filter(|v| v.is_finite()),
-            |k| {
-                let (v, is_exact) = logprob_at(self, k, at)?;
-                exact &= is_exact;
-                Ok(v)
-            },
-            |k, v| {
-                if let Some(slot) = out.get_mut(k) {
-                    *slot = v;
-                }
-            },
-        )?;
+        // SAFETY: `fast` reads an exact float in place and `put` stores a
+        // value: neither runs Python code.
+        unsafe {
+            self.read_each(
+                // float32 is the wire dtype; overflow is checked.
+                // SAFETY: `read_each` passes a live item (or NULL).
+                #[allow(clippy::cast_possible_truncation)]
+                |item| exact_float(item).map(|v| v as f32).filter(|v| v.is_finite()),
+                |k| {
+                    let (v, is_exact) = logprob_at(self, k, at)?;
+                    exact &= is_exact;
+                    Ok(v)
+                },
+                |k, v| {
+                    if let Some(slot) = out.get_mut(k) {
+                        *slot = v;
+                    }
+                },
+            )?;
+        }
         Ok(exact)
     }
 }
