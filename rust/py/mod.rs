@@ -10,6 +10,5 @@ pub mod build;
 pub mod cookbook;
 pub mod errors;
 pub mod evsys;
-pub mod exact;
 pub mod exports;
 pub mod read;
