@@ -28,7 +28,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(exports::py_compute_advantages, m)?)?;
     m.add_function(wrap_pyfunction!(exports::py_reward_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(exports::py_varied_reward_groups, m)?)?;
-    m.add_function(wrap_pyfunction!(exports::py_group_tags, m)?)?;
     m.add_function(wrap_pyfunction!(exports::py_assemble_arrays, m)?)?;
     m.add_function(wrap_pyfunction!(exports::py_assemble_datums, m)?)?;
     m.add_function(wrap_pyfunction!(exports::py_assemble_cookbook, m)?)?;

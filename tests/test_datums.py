@@ -24,17 +24,45 @@ def test_this_tinker_takes_the_direct_path():
     assert rows.DIRECT
 
 
+def from_flat_rows(batch, advantages, merge_turns, numpy_tokens):
+    """The Datums built in Python through tinker's public constructors from
+    the core's flat rows (`assemble_arrays`): independent of the builder."""
+    from tinker.types import EncodedTextChunk
+
+    from tinker_rl_data import assemble_arrays
+
+    rows_ = assemble_arrays(batch, advantages, merge_turns=merge_turns)
+    bounds = rows_.row_offsets.tolist()
+    datums = []
+    for a, b in zip(bounds, bounds[1:]):
+        inputs = rows_.input_tokens[a:b]
+        if numpy_tokens:
+            tokens = inputs.astype(np.int32)
+            tokens.flags.writeable = False
+            model_input = tinker.ModelInput(chunks=[EncodedTextChunk.model_construct(tokens=tokens)])
+        else:
+            model_input = tinker.ModelInput.from_ints(inputs.tolist())
+        loss_fn_inputs = {
+            "target_tokens": tinker.TensorData.from_numpy(rows_.target_tokens[a:b].copy()),
+            "logprobs": tinker.TensorData.from_numpy(rows_.logprobs[a:b].copy()),
+            "advantages": tinker.TensorData.from_numpy(rows_.advantages[a:b].copy()),
+        }
+        datums.append(tinker.Datum(model_input=model_input, loss_fn_inputs=loss_fn_inputs))
+    return datums
+
+
 @direct_only
 @given(groups())
 def test_direct_datums_are_field_for_field_public(batch):
     advantages = compute_advantages(batch)
     for merge_turns, numpy_tokens in [(False, False), (True, False), (False, True)]:
-        direct = rows._direct(batch, advantages, merge_turns, None, numpy_tokens)
-        public = rows._public(batch, advantages, merge_turns, None, numpy_tokens)
+        direct = rows._evsys(batch, advantages, merge_turns, None, numpy_tokens, True)
+        public = rows._evsys(batch, advantages, merge_turns, None, numpy_tokens, False)
         (ours, our_meta), our_fitted = direct.result, direct.fitted
         (theirs, their_meta), their_fitted = public.result, public.fitted
         assert len(ours) == len(theirs)
         assert all(map(rows.same_datum, ours, theirs))
+        assert all(map(rows.same_datum, ours, from_flat_rows(batch, advantages, merge_turns, numpy_tokens)))
         assert our_meta == their_meta
         assert (our_fitted.padded, our_fitted.truncated, our_fitted.first) == (
             their_fitted.padded,
@@ -44,6 +72,17 @@ def test_direct_datums_are_field_for_field_public(batch):
     # Metadata tags are each the row's own list, not the group's.
     for m in our_meta:
         assert m.tags == list(batch[m.group_idx].tags) and m.tags is not batch[m.group_idx].tags
+
+
+@direct_only
+def test_cookbook_datums_built_directly_are_field_for_field_public():
+    # Image chunks and both span arms (the cookbook suite compares many more
+    # batches against tinker-cookbook itself, on whichever path is chosen).
+    batch = rows._cookbook_probe_batch()
+    ours, our_meta = rows._cookbook(batch, [[0.5]], True, True)
+    theirs, their_meta = rows._cookbook(batch, [[0.5]], True, False)
+    assert len(ours) == len(theirs) == 1 and ours[0].model_input_spans
+    assert all(map(rows.same_datum, ours, theirs)) and our_meta == their_meta
 
 
 def public(tokens, target):
@@ -140,7 +179,7 @@ def test_only_containers_of_atoms_are_untracked():
     container is stored in them), and the lists of ints it makes (token
     lists, shapes); every other container stays tracked."""
     batch = rows._probe_batch()
-    (datum, *_), (meta, *_) = rows._direct(batch, [[0.5, -0.5]], False, None, False).result
+    (datum, *_), (meta, *_) = rows._evsys(batch, [[0.5, -0.5]], False, None, False, True).result
     chunk = datum.model_input.chunks[0]
     untracked = [chunk.tokens, chunk.__pydantic_fields_set__, datum.model_input.__pydantic_fields_set__]
     untracked += [td.shape for td in datum.loss_fn_inputs.values()]
@@ -157,14 +196,14 @@ def test_a_cycle_made_through_a_tracked_container_is_still_collected():
     import weakref
 
     batch = rows._probe_batch()
-    (datum, *_), _ = rows._direct(batch, [[0.5, -0.5]], False, None, False).result
+    (datum, *_), _ = rows._evsys(batch, [[0.5, -0.5]], False, None, False, True).result
     datum.model_input.chunks.append(datum)  # a cycle, through the tracked chunks list
     chunk = weakref.ref(datum.model_input.chunks[0])
     del datum
     gc.collect()
     assert chunk() is None
     # A dict made untracked is tracked again when a container goes in.
-    (datum, *_), _ = rows._direct(batch, [[0.5, -0.5]], False, None, False).result
+    (datum, *_), _ = rows._evsys(batch, [[0.5, -0.5]], False, None, False, True).result
     datum.loss_fn_inputs["cycle"] = [datum]
     assert gc.is_tracked(datum.loss_fn_inputs)
 

@@ -1,13 +1,15 @@
 """Building the output rows: real ``tinker.Datum`` objects and their
-:class:`DatumMetadata`.
+metadata, for both front doors (the evsys API and ``tinker_rl_data.cookbook``).
 
 tinker's public constructors cost about 9 us per Datum plus 20-30 ns per
 token of pydantic validation, more than the whole numeric work. The rows
 are already validated, so where this tinker's classes have the layout we
 know, the core fills each instance's fields as the constructors would
-(``_core.assemble_datums``). At import, one batch is built both ways and
-compared field by field; anywhere they differ (another tinker version's
-internals), the public constructors are used.
+("direct"). At import, probe batches of both front doors (turns merged and
+not, a numpy model input, image chunks, provenance spans of both arms) are
+built both ways and compared field by field; anywhere they differ (another
+tinker version's internals), the core calls tinker's public constructors
+instead, for both front doors (:data:`DIRECT`).
 """
 
 from __future__ import annotations
@@ -28,44 +30,41 @@ __all__: list[str] = []
 
 logger = logging.getLogger("tinker_rl_data")
 
-_CLASSES = (Datum, ModelInput, EncodedTextChunk, TensorData, DatumMetadata)
+
+class _NoSpanClass:
+    """Stands for a provenance span class this tinker does not have."""
 
 
-def _direct(
-    groups: Sequence[Any], advantages: Any, merge_turns: bool, vocab_size: int | None, numpy_tokens: bool
+#: The provenance span classes, where this tinker has them.
+SPAN_CLASSES: tuple[type, type] | None = (
+    (tinker.PromptProvenanceSpan, tinker.SampledProvenanceSpan)
+    if hasattr(tinker, "PromptProvenanceSpan") and hasattr(tinker, "SampledProvenanceSpan")
+    else None
+)
+
+_CLASSES = (Datum, ModelInput, EncodedTextChunk, TensorData, *(SPAN_CLASSES or (_NoSpanClass, _NoSpanClass)))
+
+
+def _evsys(
+    groups: Sequence[Any],
+    advantages: Any,
+    merge_turns: bool,
+    vocab_size: int | None,
+    numpy_tokens: bool,
+    direct: bool,
 ) -> _core.BuiltDatums:
     # The pair is made by the core with the GC still paused, so the young
     # collection due for the new objects runs at the caller's next
     # allocation: returned as it is, with no tuple made here.
-    return _core.assemble_datums(groups, advantages, _CLASSES, merge_turns, vocab_size, numpy_tokens)
+    return _core.assemble_datums(
+        groups, advantages, _CLASSES, DatumMetadata, merge_turns, vocab_size, numpy_tokens, direct
+    )
 
 
-def _public(
-    groups: Sequence[Any], advantages: Any, merge_turns: bool, vocab_size: int | None, numpy_tokens: bool
-) -> _core.BuiltDatums:
-    """Through tinker's public constructors, from the core's flat rows; each
-    Datum gets copies of its own rows (no view of the batch's arrays)."""
-    rows = _core.assemble_arrays(groups, advantages, merge_turns, vocab_size)
-    tags = _core.group_tags(groups)
-    bounds = rows.row_offsets.tolist()
-    datums = []
-    for a, b in zip(bounds, bounds[1:]):
-        inputs = rows.input_tokens[a:b]
-        if numpy_tokens:
-            tokens = inputs.astype(np.int32)
-            tokens.flags.writeable = False
-            model_input = ModelInput(chunks=[EncodedTextChunk.model_construct(tokens=tokens)])
-        else:
-            model_input = ModelInput.from_ints(inputs.tolist())
-        loss_fn_inputs = {
-            "target_tokens": TensorData.from_numpy(rows.target_tokens[a:b].copy()),
-            "logprobs": TensorData.from_numpy(rows.logprobs[a:b].copy()),
-            "advantages": TensorData.from_numpy(rows.advantages[a:b].copy()),
-        }
-        datums.append(Datum(model_input=model_input, loss_fn_inputs=loss_fn_inputs))
-    columns = zip(rows.group_idx.tolist(), rows.traj_idx.tolist(), rows.turn_idx.tolist(), rows.n_turns.tolist())
-    metadata = [DatumMetadata(g, t, u, list(tags[g]), n) for g, t, u, n in columns]
-    return _core.BuiltDatums((datums, metadata), rows.fitted)
+def _cookbook(groups: Sequence[Any], advantages: Any, provenance: bool, direct: bool) -> tuple[list[Any], list[Any]]:
+    if provenance and SPAN_CLASSES is None:
+        raise RuntimeError("this tinker has no provenance span classes: call with include_provenance=False")
+    return _core.assemble_cookbook(groups, advantages, _CLASSES, provenance, direct)
 
 
 def same_datum(a: Datum, b: Datum) -> bool:
@@ -147,20 +146,45 @@ def _probe_batch() -> list[Any]:
     ]
 
 
+class _Probe:
+    """A cookbook-shaped object for the probe (tinker_cookbook is optional)."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+
+def _cookbook_probe_batch() -> list[Any]:
+    """Two transitions merged into one row, an image chunk, both span arms."""
+    from tinker.types import ImageChunk
+
+    image = ImageChunk(data=b"probe", format="png", expected_tokens=2)
+    first = _Probe(
+        ob=ModelInput(chunks=[EncodedTextChunk(tokens=[1, 2]), image, EncodedTextChunk(tokens=[3])]),
+        ac=_Probe(tokens=[4, 5], maybe_logprobs=[-0.5, -0.25], sequence_id="s0"),
+        reward=0.0,
+        metrics={},
+    )
+    second = _Probe(
+        ob=ModelInput(chunks=[EncodedTextChunk(tokens=[1, 2]), image, EncodedTextChunk(tokens=[3, 4, 5, 6])]),
+        ac=_Probe(tokens=[7], maybe_logprobs=[-1.0], sequence_id="s1"),
+        reward=1.0,
+        metrics={},
+    )
+    return [_Probe(trajectories_G=[_Probe(transitions=[first, second])])]
+
+
 def _all_frozen() -> bool:
     """Whether every class the core fills (and may untrack) is frozen."""
-    spans = [getattr(tinker, name, None) for name in ("PromptProvenanceSpan", "SampledProvenanceSpan")]
     frozen_dataclasses = all(
-        c is not None and is_dataclass(c) and getattr(c, "__dataclass_params__").frozen
-        for c in [Datum, TensorData, *spans]
+        is_dataclass(c) and getattr(c, "__dataclass_params__").frozen for c in [Datum, TensorData, *(SPAN_CLASSES or ())]
     )
     return frozen_dataclasses and all(m.model_config.get("frozen") is True for m in (ModelInput, EncodedTextChunk))
 
 
 def _direct_path_check() -> str | None:
     """Why this tinker cannot take the direct path, or None if it can: its
-    classes have the fields the core fills, and a probe batch built both
-    ways is the same, field by field."""
+    classes have the fields the core fills, and probe batches of both front
+    doors built both ways are the same, field by field."""
     if not (is_dataclass(Datum) and is_dataclass(TensorData)):
         return "tinker.Datum or tinker.TensorData is not a dataclass"
     if [f.name for f in fields(Datum)] != ["model_input", "loss_fn_inputs", "model_input_spans", "loss_fn_input_spans"]:
@@ -169,14 +193,28 @@ def _direct_path_check() -> str | None:
         return "tinker.TensorData's fields differ from tinker 0.38's"
     if list(ModelInput.model_fields) != ["chunks"] or list(EncodedTextChunk.model_fields) != ["tokens", "type"]:
         return "tinker.ModelInput's or EncodedTextChunk's fields differ from tinker 0.38's"
+    if SPAN_CLASSES is None:
+        return "this tinker has no provenance span classes"
+    if any([f.name for f in fields(c)] != ["sequence_id", "offset", "length"] for c in SPAN_CLASSES):
+        return "tinker's provenance span classes' fields differ from tinker 0.38's"
     if not _all_frozen():
         return "tinker's Datum classes are not all frozen (the core takes frozen ones holding only atoms off the GC)"
     batch, advantages = _probe_batch(), [[0.5, -0.5]]
     for merge_turns in (False, True):
-        ours, our_meta = _direct(batch, advantages, merge_turns, None, False).result
-        theirs, their_meta = _public(batch, advantages, merge_turns, None, False).result
-        if not (len(ours) == len(theirs) > 0 and all(map(same_datum, ours, theirs)) and our_meta == their_meta):
-            return f"a probe batch (merge_turns={merge_turns}) built directly differs from tinker's constructors"
+        for numpy_tokens in (False, True):
+            ours, our_meta = _evsys(batch, advantages, merge_turns, None, numpy_tokens, True).result
+            theirs, their_meta = _evsys(batch, advantages, merge_turns, None, numpy_tokens, False).result
+            if not (len(ours) == len(theirs) > 0 and all(map(same_datum, ours, theirs)) and our_meta == their_meta):
+                return (
+                    f"an evsys probe batch (merge_turns={merge_turns}, numpy_tokens={numpy_tokens}) built directly"
+                    " differs from tinker's constructors"
+                )
+    cookbook_batch = _cookbook_probe_batch()
+    ours, our_meta = _cookbook(cookbook_batch, [[0.5]], True, True)
+    theirs, their_meta = _cookbook(cookbook_batch, [[0.5]], True, False)
+    spans = all(d.model_input_spans is not None for d in ours)
+    if not (spans and len(ours) == len(theirs) > 0 and all(map(same_datum, ours, theirs)) and our_meta == their_meta):
+        return "a cookbook probe batch (image chunks, provenance spans) built directly differs from tinker's constructors"
     return None
 
 
@@ -228,8 +266,13 @@ NUMPY_TOKENS_UNSUPPORTED = _numpy_tokens_check()
 def build_datums(
     groups: Sequence[Any], advantages: Any, merge_turns: bool, vocab_size: int | None, numpy_tokens: bool
 ) -> _core.BuiltDatums:
-    """Datums, their metadata, and how the logprobs of turns were fitted."""
+    """The evsys API's Datums, their metadata, and how the logprobs of turns
+    were fitted."""
     if numpy_tokens and NUMPY_TOKENS_UNSUPPORTED:
         raise RuntimeError(f"model_input_tokens='numpy' is not available: {NUMPY_TOKENS_UNSUPPORTED}")
-    build = _direct if DIRECT else _public
-    return build(groups, advantages, merge_turns, vocab_size, numpy_tokens)
+    return _evsys(groups, advantages, merge_turns, vocab_size, numpy_tokens, DIRECT)
+
+
+def cookbook_datums(groups: Sequence[Any], advantages: Any, provenance: bool) -> tuple[list[Any], list[Any]]:
+    """tinker-cookbook's Datums and their metadata dicts."""
+    return _cookbook(groups, advantages, provenance, DIRECT)

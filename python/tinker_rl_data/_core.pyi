@@ -14,7 +14,6 @@ __all__ = [
     "compute_advantages",
     "reward_metrics",
     "varied_reward_groups",
-    "group_tags",
     "assemble_arrays",
     "assemble_datums",
     "assemble_cookbook",
@@ -70,20 +69,25 @@ def compute_advantages(
 ) -> list[list[float]]: ...
 def reward_metrics(groups: Any) -> tuple[float, float, int, int] | None: ...
 def varied_reward_groups(groups: Any) -> list[int]: ...
-def group_tags(groups: Any) -> list[list[str]]: ...
 def assemble_arrays(groups: Any, advantages: Any, merge_turns: bool, vocab_size: int | None) -> Rows: ...
+# (Datum, ModelInput, EncodedTextChunk, TensorData, PromptProvenanceSpan, SampledProvenanceSpan)
+_Classes = tuple[type, type, type, type, type, type]
+
 def assemble_datums(
     groups: Any,
     advantages: Any,
-    classes: tuple[type, type, type, type, type],
+    classes: _Classes,
+    metadata_class: type,
     merge_turns: bool,
     vocab_size: int | None,
     numpy_tokens: bool,
+    direct: bool,
 ) -> BuiltDatums: ...
 def assemble_cookbook(
     groups: Any,
     advantages: Any,
-    classes: tuple[type, type, type, type, type],
-    span_classes: tuple[type, type] | None,
+    classes: _Classes,
+    provenance: bool,
+    direct: bool,
 ) -> tuple[list[Any], list[dict[str, int]]]: ...
 def _panic_probe() -> None: ...

@@ -177,40 +177,23 @@ class _GroupView:
         self.trajectories_G = trajectories
 
 
-_classes: tuple[type, ...] | None = None
-
-
-def _core_classes() -> tuple[type, ...]:
-    global _classes
-    if _classes is None:
-        from ._build import _CLASSES
-
-        _classes = _CLASSES
-    return _classes
-
-
 def _assemble(
     groups: list[Any], advantages: list[list[float]], include_provenance: bool, strip_location: str = ""
 ) -> tuple[list[Any], list[dict[str, int]]]:
     """One core call: the Datums and their metadata dicts; provenance
     attached, core errors mapped."""
-    assemble = getattr(_core, "assemble_cookbook", None)
-    if assemble is None:
-        raise NotImplementedError("this build of tinker_rl_data has no _core.assemble_cookbook")
-    import tinker
+    from ._build import cookbook_datums
 
-    span_classes = (tinker.PromptProvenanceSpan, tinker.SampledProvenanceSpan) if include_provenance else None
     try:
         # Made by the core with the GC still paused, and returned as it is:
         # the young collection due for the new objects runs at the caller's
         # next allocation.
-        result: tuple[list[Any], list[dict[str, int]]] = assemble(groups, advantages, _core_classes(), span_classes)
+        return cookbook_datums(groups, advantages, include_provenance)
     except ValueError as exc:
         message = str(exc)
         if strip_location and message.startswith(strip_location):
             message = message[len(strip_location) :]
         raise _data_validation_error()(message) from exc
-    return result
 
 
 _SEQUENCES = (list, tuple)

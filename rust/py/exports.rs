@@ -1,19 +1,18 @@
 //! The functions the native module exports (each `py_<op>` as `<op>`):
-//! thin wrappers that convert arguments and results around `assemble` and
-//! the plain numeric modules, under a panic guard.
+//! thin wrappers that convert arguments and results around the pipeline
+//! and the plain numeric modules, under a panic guard.
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple, PyType};
+use pyo3::types::{PyTuple, PyType};
 
 use crate::advantages::{extend_group_advantages, is_constant, reward_stats, AdvantageRule, Baseline};
-use crate::error::Location;
-use crate::py::assemble::{self, ModelInputKind, Options};
-use crate::py::build::{ClassTuple, DatumClasses, GcPaused, SpanClasses};
-use crate::py::cookbook::cookbook_datums;
+use crate::py::build::{Builder, ClassTuple};
 use crate::py::errors::guarded;
-use crate::py::evsys::{read_rewards, FitReport};
-use crate::py::read::{read_tags, ItemKind, Items};
+use crate::py::gc::GcPaused;
+use crate::py::pipeline;
+use crate::py::source::cookbook::Cookbook;
+use crate::py::source::evsys::{read_rewards, Evsys, FitReport, Options};
 
 /// How the logprobs of turns were fitted to their completions: counts, and
 /// the first such turn as `(group, trajectory, turn)`.
@@ -112,19 +111,6 @@ pub fn py_reward_metrics(groups: &Bound<'_, PyAny>) -> PyResult<Option<(f64, f64
     })
 }
 
-/// Each group's tags, read as `assemble_datums` reads them (for the
-/// public-constructor path, which builds the metadata in Python).
-#[pyfunction(name = "group_tags")]
-pub fn py_group_tags<'py>(groups: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyList>>> {
-    guarded(|| {
-        let _gc = GcPaused::new(groups.py()); // user code run while reading runs with it off
-        let groups = Items::of(groups, "trajectory_groups", ItemKind::Object, Location::BATCH)?;
-        (0..groups.len())
-            .map(|g| read_tags(&groups.get(g)?, Location::group(g)))
-            .collect()
-    })
-}
-
 /// The indices of the groups whose rewards are not all equal.
 #[pyfunction(name = "varied_reward_groups")]
 pub fn py_varied_reward_groups(groups: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
@@ -149,8 +135,9 @@ pub fn py_assemble_arrays(
     guarded(|| {
         let py = groups.py();
         let _gc = GcPaused::new(py);
-        let options = Options::new(merge_turns, vocab_size, ModelInputKind::List);
-        let rows = assemble::evsys_arrays(groups, advantages, options)?;
+        let mut door = Evsys::open(groups, advantages, Options::new(merge_turns, vocab_size, false), None)?;
+        let capacity = door.per_turn_positions();
+        let rows = pipeline::arrays(py, &mut door, capacity)?;
         Ok(Rows {
             input_tokens: rows.input_tokens.unbind(),
             target_tokens: rows.targets.unbind(),
@@ -161,63 +148,71 @@ pub fn py_assemble_arrays(
             traj_idx: rows.traj_idx.unbind(),
             turn_idx: rows.turn_idx.unbind(),
             n_turns: rows.n_turns.unbind(),
-            fitted: Py::new(py, Fitted::from(rows.fit))?,
+            fitted: Py::new(py, Fitted::from(door.fit()))?,
         })
     })
 }
 
-/// Datums and metadata built straight into the classes given, filling the
-/// fields their constructors would.
+/// The evsys API's Datums and their `DatumMetadata` (`metadata_class`),
+/// built directly into tinker's classes when `direct`, else through their
+/// public constructors.
 ///
 /// The GC stays paused until the object returned exists: the first
 /// container made after it resumes sets off the young collection the new
 /// objects are due, and that is then the caller's next allocation, not one
 /// of ours (the Python wrapper returns `result` without making another).
 #[pyfunction(name = "assemble_datums")]
+#[allow(clippy::too_many_arguments)]
 pub fn py_assemble_datums<'py>(
     groups: &Bound<'py, PyAny>,
     advantages: &Bound<'py, PyAny>,
     classes: ClassTuple<'py>,
+    metadata_class: Bound<'py, PyType>,
     merge_turns: bool,
     vocab_size: Option<i64>,
     numpy_tokens: bool,
+    direct: bool,
 ) -> PyResult<Bound<'py, BuiltDatums>> {
     guarded(|| {
         let py = groups.py();
         let _gc = GcPaused::new(py);
-        let classes = DatumClasses::from(classes);
-        let kind = if numpy_tokens {
-            ModelInputKind::Int32
-        } else {
-            ModelInputKind::List
+        let builder = Builder {
+            classes: classes.into(),
+            direct,
         };
-        let options = Options::new(merge_turns, vocab_size, kind);
-        let (datums, metadata, fit) = assemble::evsys_datums(groups, advantages, &classes, options)?;
+        let options = Options::new(merge_turns, vocab_size, numpy_tokens);
+        let mut door = Evsys::open(groups, advantages, options, Some(metadata_class))?;
+        let (datums, metadata) = pipeline::datums(&mut door, &builder)?;
         let built = BuiltDatums {
             result: PyTuple::new(py, [datums.into_any(), metadata.into_any()])?.unbind(),
-            fitted: Py::new(py, Fitted::from(fit))?,
+            fitted: Py::new(py, Fitted::from(door.fit()))?,
         };
         Bound::new(py, built)
     })
 }
 
-/// tinker-cookbook's rows: `(datums, [{"group_idx": g, "traj_idx": t}])`; provenance
-/// spans attached where the cookbook attaches them when `span_classes`
-/// (`PromptProvenanceSpan`, `SampledProvenanceSpan`) are given. The GC
-/// stays paused until the tuple exists, as in `py_assemble_datums`.
+/// tinker-cookbook's rows: `(datums, [{"group_idx": g, "traj_idx": t}])`,
+/// with provenance spans where the cookbook attaches them when
+/// `provenance`; built as `assemble_datums` builds them. The GC stays
+/// paused until the tuple exists, as in `py_assemble_datums`.
 #[pyfunction(name = "assemble_cookbook")]
 pub fn py_assemble_cookbook<'py>(
     groups: &Bound<'py, PyAny>,
     advantages: &Bound<'py, PyAny>,
     classes: ClassTuple<'py>,
-    span_classes: Option<(Bound<'py, PyType>, Bound<'py, PyType>)>,
+    provenance: bool,
+    direct: bool,
 ) -> PyResult<Bound<'py, PyTuple>> {
     guarded(|| {
         let py = groups.py();
         let _gc = GcPaused::new(py);
-        let classes = DatumClasses::from(classes);
-        let span_classes = span_classes.map(|(prompt, sampled)| SpanClasses { prompt, sampled });
-        let (datums, metadata) = cookbook_datums(groups, advantages, &classes, span_classes.as_ref())?;
+        let builder = Builder {
+            classes: classes.into(),
+            direct,
+        };
+        let text_chunk = builder.classes.chunk.clone().into_any();
+        let mut door = Cookbook::open(groups, advantages, text_chunk, provenance)?;
+        let (datums, metadata) = pipeline::datums(&mut door, &builder)?;
         PyTuple::new(py, [datums.into_any(), metadata.into_any()])
     })
 }

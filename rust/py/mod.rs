@@ -1,14 +1,22 @@
-//! The PyO3 glue: reading the user's objects (`read`, its in-place reads of
-//! exact ints and floats in `exact`, and one reader per input shape:
-//! `evsys`, `cookbook`), turning planned rows into tinker's
-//! objects (`build`), the pipeline that joins them (`assemble`), and the
-//! exported functions (`exports`). The numeric work lives outside, in plain
-//! Rust (`plan`, `rows`, `advantages`).
+//! The PyO3 glue, one pipeline for both front doors:
+//!
+//! - `read`: reading the user's objects (sequences, their exact ints and
+//!   floats in place, buffers of numbers as memory), with located errors;
+//! - `source`: the front doors (`evsys`, `cookbook`), each reading its input
+//!   shape into the same plain trajectory, and the int-sharing rule (`ints`);
+//! - `pipeline`: read -> plan -> fill -> build, once;
+//! - `build`: filled rows into tinker's objects (directly or through its
+//!   public constructors) and their metadata;
+//! - `gc`: the cyclic GC held off for a call; `errors`: exceptions and the
+//!   panic guard; `exports`: the exported functions, thin wrappers.
+//!
+//! The numeric work lives outside, in plain Rust (`plan`, `rows`,
+//! `advantages`).
 
-pub mod assemble;
 pub mod build;
-pub mod cookbook;
 pub mod errors;
-pub mod evsys;
 pub mod exports;
+pub mod gc;
+pub mod pipeline;
 pub mod read;
+pub mod source;

@@ -18,7 +18,7 @@ use pyo3::types::{PyFloat, PyInt, PyList, PyString, PyTuple};
 use pyo3::{ffi, intern};
 
 use crate::error::{ErrorKind, InputError, Location};
-use crate::py::build::collector_off;
+use crate::py::gc::collector_off;
 use buffer::{Kind, NotNumbers, Number, NumberBuffer};
 use exact::{exact_float, exact_int, int_read, RawItems, BY_API, BY_LV_TAG, BY_OB_SIZE};
 
@@ -110,7 +110,7 @@ impl<'py> Items<'py> {
                 }
                 Some(Err(NotNumbers::Format(format))) => {
                     let message = format!(
-                        "{what} is a buffer of format {format:?}, not of numbers ({})",
+                        "{what} is a buffer of format '{format}', not of numbers ({})",
                         type_name(obj)
                     );
                     return Err(InputError::new(ErrorKind::Type, at, message).into());
