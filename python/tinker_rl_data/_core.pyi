@@ -18,6 +18,7 @@ __all__ = [
     "assemble_arrays",
     "assemble_datums",
     "assemble_cookbook",
+    "encode_forward_backward",
     "_panic_probe",
 ]
 
@@ -86,4 +87,5 @@ def assemble_cookbook(
     classes: tuple[type, type, type, type, type],
     span_classes: tuple[type, type] | None,
 ) -> tuple[list[Any], list[dict[str, int]]]: ...
+def encode_forward_backward(request: Any, forward_only: Any, parts: Any) -> bytes: ...
 def _panic_probe() -> None: ...

@@ -4,7 +4,7 @@
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyList, PyTuple, PyType};
 
 use crate::advantages::{extend_group_advantages, is_constant, reward_stats, AdvantageRule, Baseline};
 use crate::error::Location;
@@ -14,6 +14,7 @@ use crate::py::cookbook::cookbook_datums;
 use crate::py::errors::guarded;
 use crate::py::evsys::{read_rewards, FitReport};
 use crate::py::read::{read_tags, ItemKind, Items};
+use crate::py::wire::{encode_forward_backward, TinkerParts};
 
 /// How the logprobs of turns were fitted to their completions: counts, and
 /// the first such turn as `(group, trajectory, turn)`.
@@ -220,6 +221,17 @@ pub fn py_assemble_cookbook<'py>(
         let (datums, metadata) = cookbook_datums(groups, advantages, &classes, span_classes.as_ref())?;
         PyTuple::new(py, [datums.into_any(), metadata.into_any()])
     })
+}
+
+/// tinker's `forward_backward` request bytes (`tinker_rl_data.wire`
+/// passes what it takes from tinker as `parts`).
+#[pyfunction(name = "encode_forward_backward")]
+pub fn py_encode_forward_backward<'py>(
+    request: &Bound<'py, PyAny>,
+    forward_only: &Bound<'py, PyAny>,
+    parts: TinkerParts<'py>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    guarded(|| encode_forward_backward(request, forward_only, &parts))
 }
 
 /// Panics on purpose, so a test can show a panic surfaces as an exception.

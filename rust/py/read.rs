@@ -337,6 +337,36 @@ impl Items<'_> {
         Ok(exact)
     }
 
+    /// Appends every item to `out` if all are exact ints in int32 range,
+    /// read in place; else says `false` at the first that is not (what is
+    /// in `out` then is unspecified). Runs no Python code: the caller hands
+    /// a declined sequence to numpy, whose int32 conversion decides.
+    pub fn read_int32s(&self, out: &mut Vec<i32>) -> bool {
+        match int_read() {
+            BY_OB_SIZE => self.read_int32s_as::<BY_OB_SIZE>(out),
+            BY_LV_TAG => self.read_int32s_as::<BY_LV_TAG>(out),
+            _ => self.read_int32s_as::<BY_API>(out),
+        }
+    }
+
+    fn read_int32s_as<const LAYOUT: u8>(&self, out: &mut Vec<i32>) -> bool {
+        let items = self.raw();
+        // SAFETY: no Python code runs while `now` and its items are used.
+        let now = unsafe { items.now() };
+        let Some(now) = now.get(..self.len) else {
+            return false;
+        };
+        out.reserve(now.len());
+        for &item in now {
+            // SAFETY: a live item of the list or tuple `self` holds.
+            match unsafe { exact_int::<LAYOUT>(item) }.and_then(|v| i32::try_from(v).ok()) {
+                Some(v) => out.push(v),
+                None => return false,
+            }
+        }
+        true
+    }
+
     /// Appends every item as [`any_real`] reads it (`field[k]` in
     /// messages) to `values`, and whether each was an `int` to `is_int`;
     /// says whether any was.
