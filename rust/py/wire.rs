@@ -466,8 +466,11 @@ impl<'h, 'py> Reader<'h, 'py> {
     }
 }
 
-/// `err` again with `at` in front of its message, same class, caused by it;
-/// as it is when it is not an `Exception` or its class takes no message alone.
+/// `err` again with `at` in front of its message, same class, caused by it.
+/// One whose class cannot be made from a message alone (a
+/// `UnicodeEncodeError`) gets the place as a note instead (PEP 678); a
+/// `BaseException` that is no `Exception` (`KeyboardInterrupt`) goes up as
+/// it is.
 #[cold]
 fn located(py: Python<'_>, err: PyErr, at: impl Display) -> PyErr {
     let class = err.get_type(py);
@@ -475,14 +478,17 @@ fn located(py: Python<'_>, err: PyErr, at: impl Display) -> PyErr {
     if !value.is_instance_of::<PyException>() {
         return err;
     }
-    let message = format!("{at}: {value}");
-    match class.call1((message,)) {
-        Ok(new) if new.is_instance(&class).unwrap_or(false) => {
+    match class.call1((format!("{at}: {value}"),)) {
+        Ok(new) if new.is_exact_instance(&class) => {
             let new = PyErr::from_value(new);
             new.set_cause(py, Some(err));
             new
         }
-        _ => err,
+        _ => {
+            // add_note fails only on a broken exception object, which then goes up unchanged
+            let _ = value.call_method1(intern!(py, "add_note"), (format!("at {at}"),));
+            err
+        }
     }
 }
 
