@@ -92,8 +92,47 @@ pub enum DType {
 #[derive(Debug)]
 pub struct Tensor<'a> {
     pub dtype: DType,
-    pub shape: Vec<i64>,
+    pub shape: Shape,
     pub data: TensorData<'a>,
+}
+
+/// A tensor's dims, the first two kept without an allocation (tinker's and
+/// this package's tensors have one or two).
+#[derive(Debug, Default)]
+pub struct Shape {
+    len: usize,
+    first: [i64; 2],
+    all: Vec<i64>,
+}
+
+impl Shape {
+    pub fn push(&mut self, dim: i64) {
+        if self.len < self.first.len() {
+            self.first[self.len] = dim;
+        } else {
+            if self.all.is_empty() {
+                self.all.extend_from_slice(&self.first);
+            }
+            self.all.push(dim);
+        }
+        self.len += 1;
+    }
+
+    pub fn dims(&self) -> &[i64] {
+        if self.all.is_empty() {
+            &self.first[..self.len]
+        } else {
+            &self.all
+        }
+    }
+}
+
+impl FromIterator<i64> for Shape {
+    fn from_iter<I: IntoIterator<Item = i64>>(dims: I) -> Self {
+        let mut shape = Shape::default();
+        dims.into_iter().for_each(|d| shape.push(d));
+        shape
+    }
 }
 
 #[derive(Debug)]
@@ -139,31 +178,64 @@ impl KeyOrder {
 /// with the same key the last one stays, as when they are assigned in turn.
 pub fn sort_map<V>(entries: &mut Vec<(&[u8], V)>, order: KeyOrder) {
     entries.sort_by(|a, b| order.compare(a.0, b.0)); // stable: equal keys keep their order
-    entries.reverse();
-    entries.dedup_by(|a, b| a.0 == b.0); // keeps the first of a run, the last assigned
-    entries.reverse();
+    entries.dedup_by(|later, kept| {
+        let same = later.0 == kept.0;
+        if same {
+            std::mem::swap(later, kept);
+        }
+        same
+    });
 }
 
-impl Request<'_> {
-    pub fn encoded_len(&self) -> usize {
-        size_of(self)
-    }
-
-    /// Writes the message into `out`, which must be exactly
-    /// [`encoded_len`](Self::encoded_len) long; every byte gets written.
-    pub fn write_to(&self, out: &mut [MaybeUninit<u8>]) {
-        let mut w = Writer { out, pos: 0 };
-        self.emit(&mut w);
-        assert_eq!(w.pos, w.out.len(), "request size mismatch");
+impl<'a> Request<'a> {
+    /// The sizes of the request and of every message in it, computed once.
+    pub fn measured(&self) -> Measured<'_, 'a> {
+        let mut sizer = Sizer::default();
+        self.emit(&mut sizer);
+        Measured {
+            request: self,
+            len: sizer.len,
+            sizes: sizer.sizes,
+        }
     }
 
     pub fn to_vec(&self) -> Vec<u8> {
-        let len = self.encoded_len();
-        let mut out = Vec::with_capacity(len);
-        self.write_to(&mut out.spare_capacity_mut()[..len]);
+        let measured = self.measured();
+        let mut out = Vec::with_capacity(measured.len);
+        measured.write_to(&mut out.spare_capacity_mut()[..measured.len]);
         // SAFETY: write_to wrote all `len` bytes.
-        unsafe { out.set_len(len) };
+        unsafe { out.set_len(measured.len) };
         out
+    }
+}
+
+/// A request with the body size of each message in it, in the order they
+/// are written (each before its own contents).
+pub struct Measured<'r, 'a> {
+    request: &'r Request<'a>,
+    len: usize,
+    sizes: Vec<usize>,
+}
+
+impl Measured<'_, '_> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Writes the request into `out`, which must be exactly
+    /// [`len`](Self::len) long; every byte gets written.
+    pub fn write_to(&self, out: &mut [MaybeUninit<u8>]) {
+        let mut w = Writer {
+            out,
+            pos: 0,
+            sizes: self.sizes.iter(),
+        };
+        self.request.emit(&mut w);
+        assert_eq!(w.pos, w.out.len(), "request size mismatch");
     }
 }
 
@@ -315,11 +387,12 @@ impl Message for Tensor<'_> {
             TensorData::SparseCsr { .. } => s.message(2, &SparseCsr(&self.data)),
         }
         s.varint_field(3, self.dtype as u64);
-        if !self.shape.is_empty() {
-            let packed: usize = self.shape.iter().map(|&d| varint_len(d as u64)).sum();
+        let dims = self.shape.dims();
+        if !dims.is_empty() {
+            let packed: usize = dims.iter().map(|&d| varint_len(d as u64)).sum();
             s.tag(4, LEN);
             s.varint(packed as u64);
-            for &d in &self.shape {
+            for &d in dims {
                 s.varint(d as u64);
             }
         }
@@ -379,12 +452,6 @@ pub fn varint_len(v: u64) -> usize {
     (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
-fn size_of<M: Message>(m: &M) -> usize {
-    let mut sizer = Sizer(0);
-    m.emit(&mut sizer);
-    sizer.0
-}
-
 /// Where a message goes: counted ([`Sizer`]) or written ([`Writer`]).
 trait Sink: Sized {
     fn raw(&mut self, bytes: &[u8]);
@@ -440,35 +507,47 @@ trait Sink: Sized {
     fn message<M: Message>(&mut self, field: u32, m: &M);
 }
 
-struct Sizer(usize);
+/// Counts the bytes, and records each message's body size.
+#[derive(Default)]
+struct Sizer {
+    len: usize,
+    sizes: Vec<usize>,
+}
 
 impl Sink for Sizer {
     fn raw(&mut self, bytes: &[u8]) {
-        self.0 += bytes.len();
+        self.len += bytes.len();
     }
     fn int32s(&mut self, values: &[i32]) {
-        self.0 += values.len() * 4;
+        self.len += values.len() * 4;
     }
     fn int64s(&mut self, values: &[i64]) {
-        self.0 += values.len() * 8;
+        self.len += values.len() * 8;
     }
     fn varint(&mut self, v: u64) {
-        self.0 += varint_len(v);
+        self.len += varint_len(v);
     }
     fn message<M: Message>(&mut self, field: u32, m: &M) {
-        let len = size_of(m);
+        let slot = self.sizes.len();
+        self.sizes.push(0); // before its submessages': the writer needs it first
+        let start = self.len;
+        m.emit(self);
+        let body = self.len - start;
+        self.sizes[slot] = body;
         self.tag(field, LEN);
-        self.0 += varint_len(len as u64) + len;
+        self.varint(body as u64);
     }
 }
 
 /// Writes into memory that may be uninitialized.
-struct Writer<'o> {
+struct Writer<'o, 's> {
     out: &'o mut [MaybeUninit<u8>],
     pos: usize,
+    /// The sizer's message sizes, taken in the same order.
+    sizes: std::slice::Iter<'s, usize>,
 }
 
-impl Writer<'_> {
+impl Writer<'_, '_> {
     /// The next `n` bytes, to be written.
     fn next(&mut self, n: usize) -> &mut [MaybeUninit<u8>] {
         let start = self.pos;
@@ -477,7 +556,7 @@ impl Writer<'_> {
     }
 }
 
-impl Sink for Writer<'_> {
+impl Sink for Writer<'_, '_> {
     fn raw(&mut self, bytes: &[u8]) {
         let dst = self.next(bytes.len());
         // SAFETY: `dst` is `bytes.len()` long (bounds-checked slice), a
@@ -494,7 +573,7 @@ impl Sink for Writer<'_> {
         self.raw(unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), values.len() * 8) });
     }
     fn message<M: Message>(&mut self, field: u32, m: &M) {
-        let len = size_of(m);
+        let len = *self.sizes.next().expect("a message the sizer did not see");
         self.tag(field, LEN);
         self.varint(len as u64);
         let end = self.pos + len;
@@ -577,7 +656,7 @@ mod tests {
                 b"",
                 Part::Fields(Tensor {
                     dtype: DType::Float32,
-                    shape: vec![],
+                    shape: Shape::default(),
                     data: TensorData::Dense(Payload::Bytes(b"")),
                 }),
             )],
@@ -624,6 +703,14 @@ mod tests {
     }
 
     #[test]
+    fn shapes_of_any_length() {
+        for n in 0..6 {
+            let dims: Vec<i64> = (0..n).map(|d| d * 7 - 3).collect();
+            assert_eq!(dims.iter().copied().collect::<Shape>().dims(), dims);
+        }
+    }
+
+    #[test]
     fn map_order_and_last_assignment_wins() {
         let mut entries: Vec<(&[u8], i32)> = vec![(b"b", 0), (b"a", 1), (b"", 2), (b"ab", 3), (b"a", 4)];
         sort_map(&mut entries, KeyOrder::ShorterFirst);
@@ -651,9 +738,9 @@ mod tests {
                 }
             }),
         ];
-        (any::<bool>(), prop::collection::vec(any::<i64>(), 0..3), data).prop_map(|(float, shape, data)| Tensor {
+        (any::<bool>(), prop::collection::vec(any::<i64>(), 0..5), data).prop_map(|(float, dims, data)| Tensor {
             dtype: if float { DType::Float32 } else { DType::Int64 },
-            shape,
+            shape: dims.into_iter().collect(),
             data,
         })
     }
@@ -696,7 +783,7 @@ mod tests {
             let mut r = request(data);
             r.seq_id = seq_id;
             let bytes = r.to_vec();
-            prop_assert_eq!(bytes.len(), r.encoded_len());
+            prop_assert_eq!(bytes.len(), r.measured().len());
             let mut plain = Vec::new();
             r.emit(&mut VecSink(&mut plain));
             prop_assert_eq!(bytes, plain);

@@ -11,7 +11,7 @@
 //! tinker's by construction. An exception is raised again, same class, with
 //! where it happened in front: `datum 3, model_input chunk 1: ...`.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fmt::Display;
 use std::mem::MaybeUninit;
 
@@ -24,7 +24,7 @@ use pyo3::{ffi, intern};
 use crate::error::Location;
 use crate::py::read::{describe, ItemKind, Items};
 use crate::wire::{
-    sort_map, Chunk, ConfigValue, DType, Datum, KeyOrder, Part, Payload, Request, Span, Tensor, TensorData,
+    sort_map, Chunk, ConfigValue, DType, Datum, KeyOrder, Part, Payload, Request, Shape, Span, Tensor, TensorData,
 };
 
 /// From this size on the bytes are written with the GIL released: below
@@ -67,6 +67,7 @@ pub fn encode_forward_backward<'py>(
         } else {
             KeyOrder::ShorterFirst
         },
+        pairs: Cell::default(),
     };
     let message = reader.request(request, forward_only)?;
     written(request.py(), &message)
@@ -74,7 +75,8 @@ pub fn encode_forward_backward<'py>(
 
 /// The message's bytes, in a `bytes` object allocated once at its size.
 fn written<'py>(py: Python<'py>, message: &Request<'_>) -> PyResult<Bound<'py, PyBytes>> {
-    let len = message.encoded_len();
+    let message = message.measured();
+    let len = message.len();
     let size = isize::try_from(len).expect("request larger than isize::MAX");
     // SAFETY: with a NULL source, PyBytes_FromStringAndSize returns a new
     // reference to a bytes object of `size` bytes left to its maker to
@@ -143,7 +145,11 @@ struct Reader<'h, 'py> {
     parts: &'h TinkerParts<'py>,
     held: &'h Held<'py>,
     order: KeyOrder,
+    /// A Datum's `loss_fn_inputs` pairs, the buffer reused Datum to Datum.
+    pairs: Cell<Vec<Pair<'py>>>,
 }
+
+type Pair<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>);
 
 impl<'h, 'py> Reader<'h, 'py> {
     /// What `forward_backward_request_to_proto` reads, in its order.
@@ -205,7 +211,9 @@ impl<'h, 'py> Reader<'h, 'py> {
         if config.is_none() {
             return Ok((numbers, values));
         }
-        for (key, value) in at(py, items(&config), || "loss_fn_config")? {
+        let mut pairs = Vec::new();
+        at(py, items(&config, &mut pairs), || "loss_fn_config")?;
+        for (key, value) in pairs {
             let mut entry = || -> PyResult<()> {
                 if let Ok(text) = value.cast::<PyString>() {
                     let key = self.key(&key)?;
@@ -241,12 +249,16 @@ impl<'h, 'py> Reader<'h, 'py> {
             out.model_input
                 .push(at(py, chunk, || format!("datum {i}, model_input chunk {j}"))?);
         }
+        let mut pairs = self.pairs.take();
         let inputs = datum.getattr(intern!(py, "loss_fn_inputs"));
-        for (name, tensor) in at(py, inputs.and_then(|inputs| items(&inputs)), here)? {
+        at(py, inputs.and_then(|inputs| items(&inputs, &mut pairs)), here)?;
+        out.loss_fn_inputs.reserve_exact(pairs.len());
+        for (name, tensor) in pairs.drain(..) {
             let entry = self.key(&name).and_then(|key| Ok((key, self.tensor(&tensor)?)));
             let entry = at(py, entry, || format!("datum {i}, loss_fn_inputs[{}]", describe(&name)))?;
             out.loss_fn_inputs.push(entry);
         }
+        self.pairs.set(pairs);
         sort_map(&mut out.loss_fn_inputs, self.order);
         out.model_input_spans = self.spans(datum, intern!(py, "model_input_spans"), i)?;
         out.loss_fn_input_spans = self.spans(datum, intern!(py, "loss_fn_input_spans"), i)?;
@@ -344,15 +356,11 @@ impl<'h, 'py> Reader<'h, 'py> {
             Some("int64") => DType::Int64,
             _ => return Ok(None),
         };
-        let shape = td.getattr(intern!(py, "shape"))?;
-        let shape = if shape.is_none() {
-            Vec::new()
-        } else {
-            match exact_int64s(&shape) {
-                Some(shape) => shape,
-                None => return Ok(None),
-            }
-        };
+        let dims = td.getattr(intern!(py, "shape"))?;
+        let mut shape = Shape::default();
+        if !dims.is_none() && !exact_ints(&dims, |d| shape.push(d)) {
+            return Ok(None);
+        }
         let array = td.getattr(intern!(py, "_numpy"))?;
         let Ok(array) = array.cast_exact::<PyUntypedArray>() else {
             return Ok(None);
@@ -370,14 +378,14 @@ impl<'h, 'py> Reader<'h, 'py> {
             TensorData::Dense(values)
         } else {
             let col_indices = td.getattr(intern!(py, "sparse_col_indices"))?;
-            let (Some(crow_indices), Some(col_indices)) = (exact_int64s(&crow_indices), exact_int64s(&col_indices))
-            else {
+            let (mut crow, mut col) = (Vec::new(), Vec::new());
+            if !exact_ints(&crow_indices, |i| crow.push(i)) || !exact_ints(&col_indices, |i| col.push(i)) {
                 return Ok(None);
-            };
+            }
             TensorData::SparseCsr {
                 values,
-                crow_indices: Payload::Int64s(crow_indices),
-                col_indices: Payload::Int64s(col_indices),
+                crow_indices: Payload::Int64s(crow),
+                col_indices: Payload::Int64s(col),
             }
         };
         Ok(Some(Tensor { dtype, shape, data }))
@@ -509,27 +517,29 @@ fn exact_int(obj: &Bound<'_, PyAny>) -> Option<i64> {
     obj.cast_exact::<PyInt>().ok()?.extract::<i64>().ok()
 }
 
-/// A list or tuple of exact ints that fit in an i64.
-fn exact_int64s(obj: &Bound<'_, PyAny>) -> Option<Vec<i64>> {
+/// Puts each item of a list or tuple of exact ints that fit in an i64;
+/// `false` for anything else (some may have been put).
+fn exact_ints(obj: &Bound<'_, PyAny>, mut put: impl FnMut(i64)) -> bool {
+    let mut each = |item: Bound<'_, PyAny>| exact_int(&item).map(&mut put).is_some();
     if let Ok(list) = obj.cast_exact::<PyList>() {
-        list.iter().map(|v| exact_int(&v)).collect()
+        list.iter().all(&mut each)
     } else if let Ok(tuple) = obj.cast_exact::<PyTuple>() {
-        tuple.iter().map(|v| exact_int(&v)).collect()
+        tuple.iter().all(&mut each)
     } else {
-        None
+        false
     }
 }
 
-/// A mapping's `(key, value)` pairs, as `mapping.items()` gives them.
-fn items<'py>(mapping: &Bound<'py, PyAny>) -> PyResult<Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+/// A mapping's `(key, value)` pairs, as `mapping.items()` gives them, into `pairs`.
+fn items<'py>(mapping: &Bound<'py, PyAny>, pairs: &mut Vec<Pair<'py>>) -> PyResult<()> {
     if let Ok(dict) = mapping.cast_exact::<PyDict>() {
-        return Ok(dict.iter().collect()); // no Python code runs while a dict is walked
+        pairs.extend(dict.iter()); // no Python code runs while a dict is walked
+        return Ok(());
     }
-    mapping
-        .call_method0(intern!(mapping.py(), "items"))?
-        .try_iter()?
-        .map(|pair| pair?.extract())
-        .collect()
+    for pair in mapping.call_method0(intern!(mapping.py(), "items"))?.try_iter()? {
+        pairs.push(pair?.extract()?);
+    }
+    Ok(())
 }
 
 /// The elements of a 1-D array of `T`, each cast to int32.
