@@ -357,13 +357,20 @@ impl Items<'_> {
             return false;
         };
         out.reserve(now.len());
-        for &item in now {
+        let start = out.len();
+        let slots = &mut out.spare_capacity_mut()[..now.len()];
+        for (k, (slot, &item)) in slots.iter_mut().zip(now).enumerate() {
+            if let Some(&ahead) = now.get(k + PREFETCH_AHEAD) {
+                prefetch(ahead);
+            }
             // SAFETY: a live item of the list or tuple `self` holds.
             match unsafe { exact_int::<LAYOUT>(item) }.and_then(|v| i32::try_from(v).ok()) {
-                Some(v) => out.push(v),
+                Some(v) => _ = slot.write(v),
                 None => return false,
             }
         }
+        // SAFETY: every slot up to `start + now.len()` was written.
+        unsafe { out.set_len(start + now.len()) };
         true
     }
 
@@ -615,4 +622,20 @@ pub fn describe(obj: &Bound<'_, PyAny>) -> String {
     } else {
         text
     }
+}
+
+/// How many items ahead the int read loop asks for: each int is its own
+/// object, and waiting for each in turn is most of the loop's time.
+const PREFETCH_AHEAD: usize = 16;
+
+/// Asks the CPU to start loading `object`'s header; a hint, no access.
+#[inline]
+fn prefetch(object: *mut ffi::PyObject) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint that never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(object.cast::<i8>().cast_const());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = object;
 }
