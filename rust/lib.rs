@@ -23,7 +23,7 @@ use py::exports;
 #[pymodule(gil_used = true)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add("INT_READ", py::exact::probe_int_layout(m.py())?)?;
+    m.add("INT_READ", py::read::exact::probe_int_layout(m.py())?)?;
     m.add_class::<exports::Fitted>()?;
     m.add_class::<exports::BuiltDatums>()?;
     m.add_class::<exports::Rows>()?;

@@ -29,16 +29,41 @@ pub struct RowOut<'a> {
     pub mask: Option<&'a mut [MaybeUninit<f32>]>,
 }
 
+/// A row whose pieces do not spell out exactly its columns' positions: a
+/// planning bug. Reported (in release builds too) instead of handing Python
+/// arrays with elements never written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unfilled {
+    pub positions: usize,
+    pub spelled: usize,
+}
+
+impl std::fmt::Display for Unfilled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a row of {} positions was planned with pieces of {} elements",
+            self.positions, self.spelled
+        )
+    }
+}
+
 /// Writes the row spelled by `pieces` over `elements` (with `logprobs`
 /// parallel to them: a completion element's fitted logprob). `weights(turn)`
 /// gives a completion piece's `(advantage, mask)`.
+///
+/// `Ok` means every element of every column was written: the pieces spell
+/// `len + 1` elements for columns of `len` (the targets, logprobs,
+/// advantages and mask of position `j` are written by the piece holding
+/// `S[j + 1]`, the inputs by the one holding `S[j]`, and pieces are
+/// contiguous in `S`).
 pub fn fill_row(
     pieces: &[Piece],
     elements: &[i64],
     logprobs: &[f32],
     weights: impl Fn(usize) -> (f32, f32),
     out: RowOut<'_>,
-) {
+) -> Result<(), Unfilled> {
     let RowOut {
         mut inputs,
         targets,
@@ -47,6 +72,23 @@ pub fn fill_row(
         mut mask,
     } = out;
     let n = targets.len();
+    let spelled: usize = pieces.iter().map(|p| p.elements.len()).sum();
+    let input_len = match &inputs {
+        Inputs::None => n,
+        Inputs::I32(c) => c.len(),
+        Inputs::I64(c) => c.len(),
+    };
+    let same_lengths = [
+        logprob_out.len(),
+        advantages.len(),
+        mask.as_ref().map_or(n, |m| m.len()),
+        input_len,
+    ]
+    .iter()
+    .all(|&len| len == n);
+    if spelled != n + 1 || !same_lengths {
+        return Err(Unfilled { positions: n, spelled });
+    }
     let mut at = 0; // where the piece starts in S
     for piece in pieces {
         let values = &elements[piece.elements.clone()];
@@ -93,7 +135,7 @@ pub fn fill_row(
         }
         at += k;
     }
-    debug_assert_eq!(at, n + 1);
+    Ok(())
 }
 
 /// `dst = src` (equal lengths), for columns not yet initialized.
@@ -158,7 +200,7 @@ mod tests {
                     advantages: &mut advs,
                     mask: Some(&mut mask),
                 };
-                fill_row(plan.pieces_of(row), &t.elements, logprobs, |_| (advantage, 1.0), out);
+                fill_row(plan.pieces_of(row), &t.elements, logprobs, |_| (advantage, 1.0), out).expect("a planned row");
                 Columns {
                     inputs: values(&inputs),
                     targets: values(&targets),
@@ -200,6 +242,41 @@ mod tests {
         let r = &rows(&t, &[-1.0, -2.0, -3.0], Merge::PerTurn, 1.0)[0];
         assert_eq!(r.targets, vec![6, 7]);
         assert_eq!(r.logprobs, vec![-2.0, -3.0]);
+    }
+
+    #[test]
+    fn pieces_that_do_not_spell_the_row_are_refused() {
+        let t = one_turn(&[1, 2], &[3]);
+        let mut plan = Plan::default();
+        plan_rows(&t, Merge::PerTurn, Keep::WithCompletionTarget, &mut plan);
+        for n in [1, 3] {
+            let (mut targets, mut lps, mut advs) = (
+                column(n, INT_SENTINEL),
+                column(n, FLOAT_SENTINEL),
+                column(n, FLOAT_SENTINEL),
+            );
+            let out = RowOut {
+                inputs: Inputs::None,
+                targets: &mut targets,
+                logprobs: &mut lps,
+                advantages: &mut advs,
+                mask: None,
+            };
+            let result = fill_row(
+                plan.pieces_of(&plan.rows[0]),
+                &t.elements,
+                &[0.0; 3],
+                |_| (1.0, 1.0),
+                out,
+            );
+            assert_eq!(
+                result,
+                Err(Unfilled {
+                    positions: n,
+                    spelled: 3
+                })
+            );
+        }
     }
 
     #[test]

@@ -99,7 +99,7 @@ fn ours(turns: &[(Vec<i64>, Vec<i64>, Vec<f32>)], merged: bool, a: f32) -> Vec<N
                 advantages: &mut advs,
                 mask: Some(&mut mask),
             };
-            fill_row(plan.pieces_of(row), &t.elements, &logprobs, |_| (a, 1.0), out);
+            fill_row(plan.pieces_of(row), &t.elements, &logprobs, |_| (a, 1.0), out).expect("a planned row");
             let (lps, advs, mask) = (values(&lps), values(&advs), values(&mask));
             let (inputs, targets) = (values(&inputs), values(&targets));
             (

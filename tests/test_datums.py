@@ -75,6 +75,63 @@ def test_the_gc_state_is_restored_exactly():
         gc.enable()
 
 
+class _Toggling:
+    """An evsys turn whose prompt_tokens property sets the GC to `to`."""
+
+    completion_tokens, logprobs = [3, 4], [-0.5, -0.5]
+
+    def __init__(self, to: bool) -> None:
+        self.to = to
+
+    @property
+    def prompt_tokens(self):
+        gc.enable() if self.to else gc.disable()
+        return [1, 2]
+
+
+class _TogglingAction:
+    """A cookbook action whose tokens property sets the GC to `to`."""
+
+    maybe_logprobs, sequence_id = [-0.5, -0.5], None
+
+    def __init__(self, to: bool) -> None:
+        self.to = to
+
+    @property
+    def tokens(self):
+        gc.enable() if self.to else gc.disable()
+        return [3, 4]
+
+
+def _call_toggling(front_door: str, to: bool) -> None:
+    from types import SimpleNamespace as NS
+
+    import tinker_rl_data as trd
+    from tinker_rl_data import cookbook
+    from tinker_rl_data.env import Trajectory, TrajectoryGroup
+
+    if front_door == "evsys":
+        datums, _ = trd.assemble_training_data([TrajectoryGroup([Trajectory([_Toggling(to)], 1.0)])], [[0.5]])
+    else:
+        transition = NS(ob=tinker.ModelInput.from_ints([1, 2]), ac=_TogglingAction(to), reward=0.0, metrics={})
+        datums = cookbook.trajectory_to_data(NS(transitions=[transition]), 0.5)
+    assert len(datums) == 1
+
+
+@pytest.mark.parametrize("front_door", ["evsys", "cookbook"])
+@pytest.mark.parametrize("enabled", [True, False], ids=["gc-on", "gc-off"])
+def test_user_code_that_toggles_the_gc_does_not_change_the_callers_state(front_door, enabled):
+    # A property that turns the collector off (or on) during the call: the
+    # call still leaves it as the caller had it (contract §5).
+    was = gc.isenabled()
+    gc.enable() if enabled else gc.disable()
+    try:
+        _call_toggling(front_door, to=not enabled)
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
+
+
 @direct_only
 def test_only_containers_of_atoms_are_untracked():
     """The direct path takes off the cyclic GC's books the containers that

@@ -152,14 +152,22 @@ def test_keeping_one_datum_per_step_keeps_only_its_own_bytes():
 # ---------------------------------------------------------------- 2. Ctrl-C
 
 INTERRUPT = """
-import gc, json, signal, sys, time, tracemalloc
+import ctypes, gc, json, signal, sys, time, tracemalloc
 import numpy as np
 import tinker_rl_data as trd
 from tinker_rl_data.env import Trajectory, TrajectoryGroup, Turn
 
 GC_ENABLED = {gc_enabled}
+LEAK_GROUPS = {leak_groups}
+RSS_CALLS = 6
 
 def rss_kib():
+    # Free heap pages go back to the system first (glibc keeps them mapped,
+    # and then the memory freed by a large call hides a leak as large).
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
@@ -221,9 +229,26 @@ for _ in range(3):
     latency, got, enabled = interrupted_call()
     latencies.append(latency); returned.append(got); gc_states.append(enabled)
 
-# Repeated interrupts leave nothing behind.
-gc.collect()
-rss_before = rss_kib()
+# Repeated interrupts leave nothing behind. RSS is read after each of
+# several calls past the warm-up above (the process maps memory the first
+# times, and glibc's thresholds move), and its growth is taken from the
+# second reading to the last; tracemalloc runs in a phase of its own (its
+# tables take memory of their own).
+kept = []
+def leaky_call():
+    # LEAK_GROUPS > 0 stands for a leak: each call keeps a completed call's
+    # Datums for that many groups, as a leak of what it built would.
+    if LEAK_GROUPS:
+        kept.append(trd.assemble_training_data(groups[:LEAK_GROUPS], advantages[:LEAK_GROUPS]))
+    return interrupted_call()
+
+rss = []
+for _ in range(RSS_CALLS):
+    latency, got, enabled = leaky_call()
+    returned.append(got); gc_states.append(enabled)
+    gc.collect()
+    rss.append(rss_kib())
+rss_growth = rss[-1] - rss[1]
 tracemalloc.start()
 interrupted_call()
 gc.collect()
@@ -234,17 +259,21 @@ for _ in range(4):
 gc.collect()
 traced_growth = tracemalloc.get_traced_memory()[0] - traced_before
 tracemalloc.stop()
-gc.collect()
-rss_growth = rss_kib() - rss_before
 print(json.dumps({{"duration": duration, "latencies": latencies, "returned": returned, "gc_states": gc_states,
                    "unchanged": fingerprint(groups, advantages) == before, "traced_growth": traced_growth,
-                   "rss_growth_kib": rss_growth}}))
+                   "rss_kib": rss, "rss_growth_kib": rss_growth}}))
 """
+
+
+#: RSS growth over the last 5 of 6 interrupted calls past warm-up that
+#: counts as a leak: a call that leaked what it had built before the signal
+#: (tens of MiB here) would pass it within two calls.
+RSS_GROWTH_LIMIT_KIB = 32 * 1024
 
 
 @pytest.mark.parametrize("gc_enabled", [True, False], ids=["gc-enabled", "gc-disabled"])
 def test_an_interrupt_during_a_large_call_arrives_promptly_and_leaves_no_trace(gc_enabled):
-    out = run_python(INTERRUPT.format(gc_enabled=gc_enabled, n_groups=320))
+    out = run_python(INTERRUPT.format(gc_enabled=gc_enabled, n_groups=320, leak_groups=0))
     if out["duration"] < 0.25:
         pytest.skip(f"the large call took {out['duration']:.3f} s: too short to tell a prompt interrupt from the call's end")
     allowed = max(0.1, 0.1 * out["duration"])
@@ -255,7 +284,15 @@ def test_an_interrupt_during_a_large_call_arrives_promptly_and_leaves_no_trace(g
     assert out["unchanged"], "an interrupted call changed its inputs"
     assert out["gc_states"] == [gc_enabled] * len(out["gc_states"]), out
     assert out["traced_growth"] < 256 * 1024, out
-    assert out["rss_growth_kib"] < 32 * 1024, out
+    assert out["rss_growth_kib"] < RSS_GROWTH_LIMIT_KIB, out
+
+
+def test_the_rss_check_catches_a_leak():
+    # The same measurement, with each call keeping the Datums of 64 groups
+    # (about what an interrupted call has built by the signal): the check
+    # above must fail on it.
+    out = run_python(INTERRUPT.format(gc_enabled=True, n_groups=320, leak_groups=64))
+    assert out["rss_growth_kib"] >= RSS_GROWTH_LIMIT_KIB, out
 
 
 # ---------------------------------------------------------------- 3. 2-D numpy advantages

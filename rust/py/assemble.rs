@@ -1,13 +1,15 @@
-//! The pipeline behind the exported functions: read (a front door's
-//! reader) -> plan (rows per turn or merged) -> fill (the numeric core,
-//! straight into each row's own arrays) -> build (tinker's objects).
+//! The evsys front door's pipeline (the cookbook's is in `cookbook.rs`):
+//! read (`evsys.rs`) -> plan (rows per turn or merged) -> fill (the numeric
+//! core, straight into each row's own arrays) -> build (tinker's objects).
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::plan::{plan_rows, Keep, Merge, Piece, Plan, Trajectory};
-use crate::py::build::{self, Column, DatumClasses, Dtype, FilledRow, LossInput, LossKey, ModelInputOut, RowMeta};
+use crate::py::build::{
+    self, DatumClasses, Dtype, FilledRow, LossInput, LossKey, ModelInputOut, RowColumns, RowMeta, Unwritten,
+};
 use crate::py::evsys::{self, Batch, FitReport, TrajectoryIn};
 use crate::py::read::MAX_TOKEN;
 use crate::rows::{fill_row, Inputs, RowOut};
@@ -44,7 +46,7 @@ impl Options {
 }
 
 /// How often (in rows built) pending signals are checked while building.
-const SIGNAL_CHECK_ROWS: usize = 256;
+pub const SIGNAL_CHECK_ROWS: usize = 256;
 
 /// Walks the batch one trajectory at a time: reads it (sweep 2), plans its
 /// rows and hands each to `row`, with the trajectory and whether its values
@@ -91,21 +93,13 @@ pub fn evsys_datums<'py>(
             let row = &plan.rows[r];
             let pieces = plan.pieces_of(row);
             let n = row.len - 1;
-            let (mut targets, mut lps, mut advs) = (
-                Column::<i64>::unwritten(py, n),
-                Column::unwritten(py, n),
-                Column::unwritten(py, n),
-            );
-            let mut ints = (options.model_input == ModelInputKind::Int32).then(|| Column::<i32>::unwritten(py, n));
-            let out = RowOut {
-                inputs: ints.as_mut().map_or(Inputs::None, |c| Inputs::I32(c.slots())),
-                targets: targets.slots(),
-                logprobs: lps.slots(),
-                advantages: advs.slots(),
-                mask: None,
-            };
-            fill_row(pieces, &trajectory.elements, logprobs, |_| (traj.advantage, 1.0), out);
-            let tokens = match ints {
+            let columns = RowColumns::new(py, n, options.model_input == ModelInputKind::Int32, false).fill(
+                pieces,
+                &trajectory.elements,
+                logprobs,
+                |_| (traj.advantage, 1.0),
+            )?;
+            let tokens = match columns.inputs {
                 Some(column) => column.into_read_only().into_any(),
                 None => model_input_list(&batch, traj, trajectory, pieces, n, exact)?.into_any(),
             };
@@ -116,17 +110,17 @@ pub fn evsys_datums<'py>(
                     LossInput {
                         key: LossKey::TargetTokens,
                         dtype: Dtype::Int64,
-                        array: targets.into_array().into_any(),
+                        array: columns.targets.into_array().into_any(),
                     },
                     LossInput {
                         key: LossKey::Logprobs,
                         dtype: Dtype::Float32,
-                        array: lps.into_array().into_any(),
+                        array: columns.logprobs.into_array().into_any(),
                     },
                     LossInput {
                         key: LossKey::Advantages,
                         dtype: Dtype::Float32,
-                        array: advs.into_array().into_any(),
+                        array: columns.advantages.into_array().into_any(),
                     },
                 ],
                 n,
@@ -240,10 +234,10 @@ pub fn evsys_arrays<'py>(
         .iter()
         .map(|t| (t.prompt.len() + t.completion.len()).saturating_sub(1))
         .sum();
-    let mut inputs = Column::<i64>::unwritten(py, capacity);
-    let mut targets = Column::<i64>::unwritten(py, capacity);
-    let mut lps = Column::<f32>::unwritten(py, capacity);
-    let mut advs = Column::<f32>::unwritten(py, capacity);
+    let mut inputs = Unwritten::<i64>::new(py, capacity);
+    let mut targets = Unwritten::<i64>::new(py, capacity);
+    let mut lps = Unwritten::<f32>::new(py, capacity);
+    let mut advs = Unwritten::<f32>::new(py, capacity);
     let mut offsets = vec![0i64];
     let (mut group_idx, mut traj_idx, mut turn_idx, mut n_turns) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut fit = FitReport::default();
@@ -270,7 +264,7 @@ pub fn evsys_arrays<'py>(
                 logprobs,
                 |_| (traj.advantage, 1.0),
                 out,
-            );
+            )?;
             offsets.push(index(end));
             group_idx.push(index(traj.group));
             traj_idx.push(index(traj.index));
@@ -280,11 +274,21 @@ pub fn evsys_arrays<'py>(
         },
     )?;
     // Rows fill the columns from the start; merged rows leave a tail unused.
+    // SAFETY: each row's `fill_row` returned `Ok`, writing its positions in
+    // full, and the rows cover `0..end` back to back.
+    let (input_tokens, targets, logprobs, advantages) = unsafe {
+        (
+            inputs.assume_written_prefix(end)?,
+            targets.assume_written_prefix(end)?,
+            lps.assume_written_prefix(end)?,
+            advs.assume_written_prefix(end)?,
+        )
+    };
     Ok(FlatRows {
-        input_tokens: inputs.truncated(end)?,
-        targets: targets.truncated(end)?,
-        logprobs: lps.truncated(end)?,
-        advantages: advs.truncated(end)?,
+        input_tokens,
+        targets,
+        logprobs,
+        advantages,
         offsets: PyArray1::from_vec(py, offsets),
         group_idx: PyArray1::from_vec(py, group_idx),
         traj_idx: PyArray1::from_vec(py, traj_idx),

@@ -12,6 +12,9 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet, PyString, PyTuple, PyType};
 
+use crate::plan::Piece;
+use crate::rows::{fill_row, Inputs, RowOut, Unfilled};
+
 /// tinker's classes (and the metadata class) that rows are built into.
 pub struct DatumClasses<'py> {
     pub datum: Bound<'py, PyType>,
@@ -43,8 +46,55 @@ impl<'py> From<ClassTuple<'py>> for DatumClasses<'py> {
     }
 }
 
-/// A fresh 1-D numpy array that this code alone can see until
-/// [`Column::into_array`] hands it on: it is written through a plain slice.
+/// A fresh 1-D numpy array, not yet written, that this code alone can see:
+/// it is written through [`Unwritten::slots`] and becomes a [`Column`] only
+/// by the caller's promise that every element was written. Saves zeroing
+/// memory that [`crate::rows::fill_row`] writes in full anyway.
+pub struct Unwritten<'py, T: Element> {
+    array: Bound<'py, PyArray1<T>>,
+}
+
+impl<'py, T: Element> Unwritten<'py, T> {
+    pub fn new(py: Python<'py>, n: usize) -> Self {
+        Unwritten {
+            // SAFETY: the memory is uninitialized; it is exposed only as
+            // `MaybeUninit` (by `slots`) until the caller vouches for it.
+            array: unsafe { PyArray1::new(py, n, false) },
+        }
+    }
+
+    /// The elements, for writing.
+    pub fn slots(&mut self) -> &mut [MaybeUninit<T>] {
+        let n = self.array.len();
+        // SAFETY: the array was created here, is contiguous, and no other
+        // view of its memory exists (it is handed on only by consuming
+        // `self`); `MaybeUninit<T>` has `T`'s layout and claims nothing.
+        unsafe { std::slice::from_raw_parts_mut(self.array.data().cast::<MaybeUninit<T>>(), n) }
+    }
+
+    /// # Safety
+    /// Every element was written through [`Unwritten::slots`].
+    pub unsafe fn assume_written(self) -> Column<'py, T> {
+        Column { array: self.array }
+    }
+
+    /// The first `n` elements as the array, shortened in place.
+    ///
+    /// # Safety
+    /// Those `n` elements were written through [`Unwritten::slots`].
+    pub unsafe fn assume_written_prefix(self, n: usize) -> PyResult<Bound<'py, PyArray1<T>>> {
+        if n < self.array.len() {
+            // SAFETY: no reference into the array's memory is alive (slices
+            // from `slots` borrow `self`, consumed here), so numpy may
+            // reallocate it.
+            unsafe { self.array.resize(n)? };
+        }
+        Ok(self.array)
+    }
+}
+
+/// A fresh 1-D numpy array whose every element is initialized, that this
+/// code alone can see until [`Column::into_array`] hands it on.
 pub struct Column<'py, T: Element> {
     array: Bound<'py, PyArray1<T>>,
 }
@@ -56,44 +106,14 @@ impl<'py, T: Element> Column<'py, T> {
         }
     }
 
-    /// Not yet written: every element must be written (through
-    /// [`Column::slots`]) before the array is handed on. Saves zeroing
-    /// memory that [`crate::rows::fill_row`] writes in full anyway.
-    pub fn unwritten(py: Python<'py>, n: usize) -> Self {
-        Column {
-            // SAFETY: the memory is uninitialized; it is exposed only as
-            // `MaybeUninit` (by `slots`) until written.
-            array: unsafe { PyArray1::new(py, n, false) },
-        }
-    }
-
-    /// The elements, for writing.
-    pub fn slots(&mut self) -> &mut [MaybeUninit<T>] {
-        let n = self.array.len();
-        // SAFETY: as in `slice_mut`, this is the only view of the array's
-        // `n` contiguous elements; `MaybeUninit<T>` has `T`'s layout and
-        // makes no claim that they are initialized.
-        unsafe { std::slice::from_raw_parts_mut(self.array.data().cast::<MaybeUninit<T>>(), n) }
-    }
-
-    /// The elements, once written (always so for [`Column::zeros`]).
+    /// The elements.
     pub fn slice_mut(&mut self) -> &mut [T] {
         // SAFETY: the array was created here, is contiguous, and no
         // reference to it exists outside `self` (it is handed on only by
-        // consuming `self`), so this is the only view of its memory. numpy's
-        // `readwrite()` would check the same at run time, per array.
+        // consuming `self`), so this is the only view of its memory; every
+        // element is initialized (`zeros`, or `Unwritten::assume_written`).
+        // numpy's `readwrite()` would check the same at run time, per array.
         unsafe { self.array.as_slice_mut() }.expect("a fresh 1-D array is contiguous")
-    }
-
-    /// The first `n` elements (all written) as the array, shortened in place.
-    pub fn truncated(self, n: usize) -> PyResult<Bound<'py, PyArray1<T>>> {
-        if n < self.array.len() {
-            // SAFETY: no reference into the array's memory is alive (slices
-            // from `slots` borrow `self`, consumed here), so numpy may
-            // reallocate it.
-            unsafe { self.array.resize(n)? };
-        }
-        Ok(self.array)
     }
 
     pub fn into_array(self) -> Bound<'py, PyArray1<T>> {
@@ -108,6 +128,68 @@ impl<'py, T: Element> Column<'py, T> {
             (*self.array.as_array_ptr()).fields.flags &= !numpy::npyffi::NPY_ARRAY_WRITEABLE;
         }
         self.array
+    }
+}
+
+/// One row's output columns, fresh numpy arrays of its `n` positions.
+pub struct RowColumns<'py> {
+    inputs: Option<Unwritten<'py, i32>>,
+    targets: Unwritten<'py, i64>,
+    logprobs: Unwritten<'py, f32>,
+    advantages: Unwritten<'py, f32>,
+    mask: Option<Unwritten<'py, f32>>,
+}
+
+/// A row's columns as [`RowColumns::fill`] wrote them.
+pub struct FilledColumns<'py> {
+    pub inputs: Option<Column<'py, i32>>,
+    pub targets: Column<'py, i64>,
+    pub logprobs: Column<'py, f32>,
+    pub advantages: Column<'py, f32>,
+    pub mask: Option<Column<'py, f32>>,
+}
+
+impl<'py> RowColumns<'py> {
+    /// With an int32 model-input column when `int32_inputs`, a mask column
+    /// when `mask`.
+    pub fn new(py: Python<'py>, n: usize, int32_inputs: bool, mask: bool) -> Self {
+        RowColumns {
+            inputs: int32_inputs.then(|| Unwritten::new(py, n)),
+            targets: Unwritten::new(py, n),
+            logprobs: Unwritten::new(py, n),
+            advantages: Unwritten::new(py, n),
+            mask: mask.then(|| Unwritten::new(py, n)),
+        }
+    }
+
+    /// Writes the row (see [`fill_row`]); a row its pieces do not spell in
+    /// full is an internal error, never an array with unwritten elements.
+    pub fn fill(
+        mut self,
+        pieces: &[Piece],
+        elements: &[i64],
+        logprobs: &[f32],
+        weights: impl Fn(usize) -> (f32, f32),
+    ) -> Result<FilledColumns<'py>, Unfilled> {
+        let out = RowOut {
+            inputs: self.inputs.as_mut().map_or(Inputs::None, |c| Inputs::I32(c.slots())),
+            targets: self.targets.slots(),
+            logprobs: self.logprobs.slots(),
+            advantages: self.advantages.slots(),
+            mask: self.mask.as_mut().map(Unwritten::slots),
+        };
+        fill_row(pieces, elements, logprobs, weights, out)?;
+        // SAFETY: `fill_row` returned `Ok`: it wrote every element of every
+        // column it was given, and it was given all of them.
+        unsafe {
+            Ok(FilledColumns {
+                inputs: self.inputs.map(|c| c.assume_written()),
+                targets: self.targets.assume_written(),
+                logprobs: self.logprobs.assume_written(),
+                advantages: self.advantages.assume_written(),
+                mask: self.mask.map(|c| c.assume_written()),
+            })
+        }
     }
 }
 
@@ -457,8 +539,9 @@ pub fn metadata<'py>(
 /// live heap (the caller's batch) the collections they set off multiplied
 /// the cost per Datum by up to 5. Nothing made here can form a cycle, so
 /// nothing is lost; cyclic garbage that user code run while reading (a
-/// property, an `__index__`) makes is collected after. Restores the state
-/// it found, unless such code changed it meanwhile.
+/// property, an `__index__`) makes is collected after. Restores exactly the
+/// state it found, whatever such code did to it meanwhile: the collector is
+/// the caller's, and a call leaves it as the caller had it.
 pub struct GcPaused {
     was_enabled: bool,
 }
@@ -481,9 +564,14 @@ pub fn collector_off(_py: Python<'_>) -> bool {
 
 impl Drop for GcPaused {
     fn drop(&mut self) {
-        if self.was_enabled {
-            // SAFETY: dropped where it was made, with the thread attached.
-            unsafe { ffi::PyGC_Enable() };
+        // SAFETY: dropped where it was made, with the thread attached; the
+        // calls only set the collector's flag.
+        unsafe {
+            if self.was_enabled {
+                ffi::PyGC_Enable();
+            } else {
+                ffi::PyGC_Disable();
+            }
         }
     }
 }

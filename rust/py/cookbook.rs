@@ -22,11 +22,12 @@ use pyo3::types::{PyDict, PyFloat, PyList};
 
 use crate::error::{ErrorKind, InputError, Location, StepName};
 use crate::plan::{plan_rows, Keep, Merge, Piece, Plan, Row, Trajectory, TurnSpan};
+use crate::py::assemble::SIGNAL_CHECK_ROWS;
 use crate::py::build::{
-    self, ChunkOut, Column, DatumClasses, Dtype, FilledRow, LossInput, LossKey, ModelInputOut, RowMeta, SpanClasses,
+    self, ChunkOut, Column, DatumClasses, Dtype, FilledColumns, FilledRow, LossInput, LossKey, ModelInputOut,
+    RowColumns, RowMeta, SpanClasses,
 };
 use crate::py::read::{any_real, attr, Item, ItemKind, Items, MAX_TOKEN};
-use crate::rows::{fill_row, Inputs, RowOut};
 
 /// The positions of a non-text chunk after its first.
 pub const CONTINUATION: i64 = i64::MIN;
@@ -656,19 +657,6 @@ fn cookbook_row<'py>(
         ));
     }
     let n = row.len - 1;
-    let mut targets = Column::<i64>::unwritten(py, n);
-    let (mut lps, mut advs, mut mask) = (
-        Column::<f32>::unwritten(py, n),
-        Column::unwritten(py, n),
-        Column::unwritten(py, n),
-    );
-    let out = RowOut {
-        inputs: Inputs::None,
-        targets: targets.slots(),
-        logprobs: lps.slots(),
-        advantages: advs.slots(),
-        mask: Some(mask.slots()),
-    };
     // Parse-error-masked transitions train on nothing: mask 0, advantage 0.
     let weights = |u: usize| {
         if traj.transitions[u].masked {
@@ -677,7 +665,14 @@ fn cookbook_row<'py>(
             (advantage, 1.0)
         }
     };
-    fill_row(pieces, &traj.plain.elements, &traj.logprobs, weights, out);
+    let FilledColumns {
+        targets,
+        logprobs: mut lps,
+        advantages: advs,
+        mask,
+        ..
+    } = RowColumns::new(py, n, false, true).fill(pieces, &traj.plain.elements, &traj.logprobs, weights)?;
+    let mask = mask.expect("asked for a mask");
     let mut logprobs = None;
     match cookbook_logprobs(traj, row, since, &parts, at)? {
         None => {}
@@ -831,7 +826,10 @@ pub fn cookbook_datums<'py>(
     }
     let datums = PyList::empty(py);
     let metadata = PyList::empty(py);
-    for row in rows {
+    for (i, row) in rows.into_iter().enumerate() {
+        if i % SIGNAL_CHECK_ROWS == SIGNAL_CHECK_ROWS - 1 {
+            py.check_signals()?;
+        }
         // A dict of ints: CPython keeps it off the GC's books.
         let meta = PyDict::new(py);
         meta.set_item(intern!(py, "group_idx"), row.meta.group)?;

@@ -8,6 +8,7 @@ use pyo3::PyErr;
 use pyo3::PyResult;
 
 use crate::error::{ErrorKind, InputError};
+use crate::rows::Unfilled;
 
 impl From<InputError> for PyErr {
     #[cold]
@@ -19,6 +20,18 @@ impl From<InputError> for PyErr {
     }
 }
 
+impl From<Unfilled> for PyErr {
+    #[cold]
+    fn from(e: Unfilled) -> PyErr {
+        internal_error(&e.to_string())
+    }
+}
+
+#[cold]
+fn internal_error(what: &str) -> PyErr {
+    PyRuntimeError::new_err(format!("internal error in tinker_rl_data (please report): {what}"))
+}
+
 /// Runs `f`, turning a Rust panic into a `RuntimeError` that any
 /// `except Exception` catches (PyO3's own `PanicException` does not).
 pub fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
@@ -28,8 +41,6 @@ pub fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
             .map(ToString::to_string)
             .or_else(|| payload.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "unknown panic".into());
-        Err(PyRuntimeError::new_err(format!(
-            "internal error in tinker_rl_data (please report): {what}"
-        )))
+        Err(internal_error(&what))
     })
 }

@@ -11,7 +11,6 @@ pub mod build;
 pub mod cookbook;
 pub mod errors;
 pub mod evsys;
-pub mod exact;
 pub mod exports;
 pub mod read;
 pub mod wire;

@@ -1,5 +1,7 @@
 //! Reading the user's Python objects: attributes, sequences and their
-//! scalars, with located errors.
+//! scalars, with located errors. Sequences are lists and tuples (their
+//! exact ints and floats read in place: `exact`), buffers of numbers (read
+//! as memory: `buffer`), or any other iterable (copied into a list).
 //!
 //! Any of them may run user code while it is read (`__index__`,
 //! `__float__`, `__iter__`, a property), and that code may change or free
@@ -17,7 +19,11 @@ use pyo3::{ffi, intern};
 
 use crate::error::{ErrorKind, InputError, Location};
 use crate::py::build::collector_off;
-use crate::py::exact::{exact_float, exact_int, int_read, RawItems, BY_API, BY_LV_TAG, BY_OB_SIZE};
+use buffer::{Kind, NotNumbers, Number, NumberBuffer};
+use exact::{exact_float, exact_int, int_read, RawItems, BY_API, BY_LV_TAG, BY_OB_SIZE};
+
+pub mod buffer;
+pub mod exact;
 
 pub const MAX_TOKEN: i64 = i32::MAX as i64;
 
@@ -48,11 +54,12 @@ pub enum ItemKind {
     Rows,
 }
 
-/// A sequence's items, from a list or tuple held alive here. Its length is
-/// taken once: should user code grow a list while it is read, the rows laid
-/// out for the old length stay right; reading a list that shrank meanwhile
-/// is a located `RuntimeError`.
+/// A sequence's items, from a list, tuple or buffer held alive here. Its
+/// length is taken once: should user code grow a list while it is read, the
+/// rows laid out for the old length stay right; reading a list that shrank
+/// meanwhile is a located `RuntimeError`.
 pub struct Items<'py> {
+    py: Python<'py>,
     seq: Seq<'py>,
     len: usize,
     what: &'static str,
@@ -62,34 +69,54 @@ pub struct Items<'py> {
 enum Seq<'py> {
     List(Bound<'py, PyList>),
     Tuple(Bound<'py, PyTuple>),
+    /// Numbers in memory (no Python object per element).
+    Numbers(NumberBuffer),
 }
 
 impl<'py> Items<'py> {
     /// Reads `obj` (the field `what` at `at`) as a sequence of `kind` items.
     pub fn of(obj: &Bound<'py, PyAny>, what: &'static str, kind: ItemKind, at: Location) -> PyResult<Self> {
-        let list = |list: Bound<'py, PyList>| Items {
-            len: list.len(),
-            seq: Seq::List(list),
-            what,
-            at,
-        };
+        let py = obj.py();
+        let items = |seq: Seq<'py>, len: usize| Items { py, seq, len, what, at };
+        let list = |list: Bound<'py, PyList>| items(Seq::List(list.clone()), list.len());
         if let Ok(l) = obj.cast::<PyList>() {
             return Ok(list(l.clone()));
         }
         if let Ok(tuple) = obj.cast::<PyTuple>() {
-            return Ok(Items {
-                len: tuple.len(),
-                seq: Seq::Tuple(tuple.clone()),
-                what,
-                at,
-            });
+            return Ok(items(Seq::Tuple(tuple.clone()), tuple.len()));
         }
-        let py = obj.py();
+        let numbers = matches!(kind, ItemKind::Token | ItemKind::Real);
         if let Ok(array) = obj.cast::<PyUntypedArray>() {
             check_array(array, what, kind, at)?;
-            // tolist() gives exact Python ints and floats (a 2-D array, a
-            // list of rows): the list path.
-            return Ok(list(obj.call_method0(intern!(py, "tolist"))?.cast_into::<PyList>()?));
+            if !(numbers && array.ndim() == 1 && array.dtype().kind() != b'O') {
+                // tolist() gives exact Python ints and floats (a 2-D array,
+                // a list of rows): the list path.
+                return Ok(list(obj.call_method0(intern!(py, "tolist"))?.cast_into::<PyList>()?));
+            }
+        }
+        if numbers {
+            match NumberBuffer::of(obj)? {
+                Some(Ok(buffer)) => {
+                    if kind == ItemKind::Token && buffer.kind() == Kind::Float {
+                        let message = format!("{what} holds floats, not integers ({})", type_name(obj));
+                        return Err(InputError::new(ErrorKind::Type, at, message).into());
+                    }
+                    let len = buffer.len();
+                    return Ok(items(Seq::Numbers(buffer), len));
+                }
+                Some(Err(NotNumbers::Shape(shape))) => {
+                    let message = format!("{what} must be 1-D, got a buffer of shape {shape:?}");
+                    return Err(InputError::new(ErrorKind::Value, at, message).into());
+                }
+                Some(Err(NotNumbers::Format(format))) => {
+                    let message = format!(
+                        "{what} is a buffer of format {format:?}, not of numbers ({})",
+                        type_name(obj)
+                    );
+                    return Err(InputError::new(ErrorKind::Type, at, message).into());
+                }
+                None => {}
+            }
         }
         if obj.is_instance_of::<PyString>() {
             return Err(not_a_sequence(obj, what, at));
@@ -118,17 +145,20 @@ impl<'py> Items<'py> {
     }
 
     pub fn py(&self) -> Python<'py> {
-        match &self.seq {
-            Seq::List(l) => l.py(),
-            Seq::Tuple(t) => t.py(),
-        }
+        self.py
     }
 
-    /// Item `i`, held strongly.
+    /// Item `i`, held strongly (of a buffer: a new int or float).
     pub fn get(&self, i: usize) -> PyResult<Bound<'py, PyAny>> {
         match &self.seq {
             Seq::List(l) => l.get_item(i).map_err(|_| self.shrank()),
             Seq::Tuple(t) => t.get_item(i),
+            Seq::Numbers(numbers) => match numbers.get(i) {
+                Some(Number::Int(v)) => Ok(v.into_pyobject(self.py)?.into_any()),
+                Some(Number::Huge(v)) => Ok(v.into_pyobject(self.py)?.into_any()),
+                Some(Number::Float(v)) => Ok(PyFloat::new(self.py, v).into_any()),
+                None => Err(self.shrank()),
+            },
         }
     }
 
@@ -145,23 +175,26 @@ impl<'py> Items<'py> {
         match &self.seq {
             Seq::List(l) => l.len(),
             Seq::Tuple(t) => t.len(),
+            Seq::Numbers(n) => n.len(),
         }
     }
 
     /// Appends items `a..b` to `out`, sharing them, copied by CPython in C
     /// (no Python code runs, even for subclasses); `false`, appending
-    /// nothing, if a list is now shorter than `b`. Of an exact list or tuple,
-    /// a prefix at least half its length is appended whole and its tail cut
-    /// off: one copy, no temporary slice.
+    /// nothing, if a list is now shorter than `b` (or this is a buffer:
+    /// it holds no ints to share). Of an exact list or tuple, a prefix at
+    /// least half its length is appended whole and its tail cut off: one
+    /// copy, no temporary slice.
     pub fn append_to(&self, out: &Bound<'py, PyList>, a: usize, b: usize) -> PyResult<bool> {
         let len = self.current_len();
-        if len < b {
-            return Ok(false);
-        }
         let seq = match &self.seq {
             Seq::List(l) => l.as_any(),
             Seq::Tuple(t) => t.as_any(),
+            Seq::Numbers(_) => return Ok(false),
         };
+        if len < b {
+            return Ok(false);
+        }
         let end = out.len();
         let exact = seq.is_exact_instance_of::<PyList>() || seq.is_exact_instance_of::<PyTuple>();
         if a == 0 && exact && len - b <= b {
@@ -173,6 +206,7 @@ impl<'py> Items<'py> {
             let part = match &self.seq {
                 Seq::List(l) => l.get_slice(a, b).into_any(),
                 Seq::Tuple(t) => t.get_slice(a, b).into_any(),
+                Seq::Numbers(_) => unreachable!("returned above"),
             };
             out.set_slice(end, end, &part)?;
         }
@@ -248,6 +282,7 @@ impl Items<'_> {
         let (seq, list) = match &self.seq {
             Seq::List(l) => (l.as_ptr(), true),
             Seq::Tuple(t) => (t.as_ptr(), false),
+            Seq::Numbers(_) => unreachable!("buffers are read by their own loops"),
         };
         // SAFETY: `self` holds the list or tuple alive, and the loops that
         // use the result hold `self`.
@@ -258,9 +293,12 @@ impl Items<'_> {
     /// borrowed, straight from the container's item array; `slow(k)` reads
     /// item `k` when `fast` declines it (and may run Python code, so the
     /// array is taken anew after it). `put(k, value)` stores each value.
-    /// `fast` and `put` must run no Python code.
+    ///
+    /// # Safety
+    /// `fast` and `put` run no Python code: the item array they are handed
+    /// is borrowed, and Python code could resize the list or free items.
     #[inline]
-    fn read_each<T>(
+    unsafe fn read_each<T>(
         &self,
         fast: impl Fn(*mut ffi::PyObject) -> Option<T>,
         mut slow: impl FnMut(usize) -> PyResult<T>,
@@ -271,7 +309,8 @@ impl Items<'_> {
         while k < self.len {
             {
                 // SAFETY: no Python code runs while `now` and its items are
-                // used (`fast` and `put` run none); `slow` runs after.
+                // used (`fast` and `put` run none, the caller's promise);
+                // `slow` runs after.
                 let now = unsafe { items.now() };
                 let end = now.len().min(self.len);
                 while k < end {
@@ -299,6 +338,10 @@ impl Items<'_> {
     /// the collector back on: then a collection set off by any allocation
     /// could run finalizers that change the sequence before it is copied.
     pub fn read_tokens(&self, field: &str, limit: i64, at: Location, out: &mut Vec<i64>) -> PyResult<bool> {
+        if let Seq::Numbers(numbers) = &self.seq {
+            read_buffer_tokens(numbers, field, limit, at, out)?;
+            return Ok(false);
+        }
         let quiet = collector_off(self.py());
         let exact = match int_read() {
             BY_OB_SIZE => self.read_tokens_as::<BY_OB_SIZE>(field, limit, at, out),
@@ -319,19 +362,23 @@ impl Items<'_> {
         let start = out.len();
         let slots = &mut out.spare_capacity_mut()[..self.len];
         let mut exact = true;
-        self.read_each(
-            // SAFETY: `read_each` passes a live item (or NULL).
-            |item| unsafe { exact_int::<LAYOUT>(item) }.filter(|v| (0..limit).contains(v)),
-            |i| {
-                // Takes the item anew (strongly) and says what is wrong.
-                let (v, is_exact) = token_at(self, i, field, limit, at)?;
-                exact &= is_exact;
-                Ok(v)
-            },
-            |i, v| {
-                slots[i].write(v);
-            },
-        )?;
+        // SAFETY: `fast` reads an exact int in place and `put` stores a
+        // value: neither runs Python code.
+        unsafe {
+            self.read_each(
+                // SAFETY: `read_each` passes a live item (or NULL).
+                |item| exact_int::<LAYOUT>(item).filter(|v| (0..limit).contains(v)),
+                |i| {
+                    // Takes the item anew (strongly) and says what is wrong.
+                    let (v, is_exact) = token_at(self, i, field, limit, at)?;
+                    exact &= is_exact;
+                    Ok(v)
+                },
+                |i, v| {
+                    slots[i].write(v);
+                },
+            )?;
+        }
         // SAFETY: `read_each` stored every slot up to `start + self.len`.
         unsafe { out.set_len(start + self.len) };
         Ok(exact)
@@ -400,6 +447,16 @@ impl Items<'_> {
         values: &mut Vec<f64>,
         is_int: &mut Vec<bool>,
     ) -> PyResult<bool> {
+        if let Seq::Numbers(numbers) = &self.seq {
+            let int = numbers.kind() != Kind::Float;
+            values.reserve(self.len);
+            is_int.resize(is_int.len() + self.len, int);
+            let Ok(()) = numbers.for_each(|_, v| {
+                values.push(v.as_f64());
+                Ok::<(), std::convert::Infallible>(())
+            });
+            return Ok(int && self.len > 0);
+        }
         let start = values.len();
         values.reserve(self.len);
         let int_start = is_int.len();
@@ -407,19 +464,23 @@ impl Items<'_> {
         let is_int = &mut is_int[int_start..];
         let slots = &mut values.spare_capacity_mut()[..self.len];
         let mut any_int = false;
-        self.read_each(
-            // SAFETY: `read_each` passes a live item (or NULL).
-            |item| unsafe { exact_float(item) },
-            |k| {
-                let (v, int) = any_real(&self.get(k)?, what, Item { field, index: k }, at)?;
-                is_int[k] = int;
-                any_int |= int;
-                Ok(v)
-            },
-            |k, v| {
-                slots[k].write(v);
-            },
-        )?;
+        // SAFETY: `fast` reads an exact float in place and `put` stores a
+        // value: neither runs Python code.
+        unsafe {
+            self.read_each(
+                // SAFETY: `read_each` passes a live item (or NULL).
+                |item| exact_float(item),
+                |k| {
+                    let (v, int) = any_real(&self.get(k)?, what, Item { field, index: k }, at)?;
+                    is_int[k] = int;
+                    any_int |= int;
+                    Ok(v)
+                },
+                |k, v| {
+                    slots[k].write(v);
+                },
+            )?;
+        }
         // SAFETY: `read_each` stored every slot up to `start + self.len`.
         unsafe { values.set_len(start + self.len) };
         Ok(any_int)
@@ -428,25 +489,115 @@ impl Items<'_> {
     /// Reads every logprob (see [`logprob_at`]), writing the first
     /// `out.len()` of them to `out`; says whether all were exact `float`s.
     pub fn read_logprobs(&self, at: Location, out: &mut [f32]) -> PyResult<bool> {
+        if let Seq::Numbers(numbers) = &self.seq {
+            read_buffer_logprobs(numbers, at, out)?;
+            return Ok(false);
+        }
         let mut exact = true;
-        self.read_each(
-            // float32 is the wire dtype; overflow is checked.
-            // SAFETY: `read_each` passes a live item (or NULL).
-            #[allow(clippy::cast_possible_truncation)]
-            |item| unsafe { exact_float(item) }.map(|v| v as f32).filter(|v| v.is_finite()),
-            |k| {
-                let (v, is_exact) = logprob_at(self, k, at)?;
-                exact &= is_exact;
-                Ok(v)
-            },
-            |k, v| {
-                if let Some(slot) = out.get_mut(k) {
-                    *slot = v;
-                }
-            },
-        )?;
+        // SAFETY: `fast` reads an exact float in place and `put` stores a
+        // value: neither runs Python code.
+        unsafe {
+            self.read_each(
+                // float32 is the wire dtype; overflow is checked.
+                // SAFETY: `read_each` passes a live item (or NULL).
+                #[allow(clippy::cast_possible_truncation)]
+                |item| exact_float(item).map(|v| v as f32).filter(|v| v.is_finite()),
+                |k| {
+                    let (v, is_exact) = logprob_at(self, k, at)?;
+                    exact &= is_exact;
+                    Ok(v)
+                },
+                |k, v| {
+                    if let Some(slot) = out.get_mut(k) {
+                        *slot = v;
+                    }
+                },
+            )?;
+        }
         Ok(exact)
     }
+}
+
+/// [`Items::read_tokens`] of a buffer: each number checked to be a token
+/// below `limit`.
+fn read_buffer_tokens(
+    numbers: &NumberBuffer,
+    field: &str,
+    limit: i64,
+    at: Location,
+    out: &mut Vec<i64>,
+) -> PyResult<()> {
+    let start = out.len();
+    if let Some(ints) = numbers.as_i32_slice() {
+        // tinker's `tokens_np`: a plain loop the compiler vectorizes.
+        out.extend(ints.iter().map(|&v| i64::from(v)));
+        if let Some(k) = out[start..].iter().position(|v| !(0..limit).contains(v)) {
+            return Err(buffer_token_error(
+                Number::Int(out[start + k]),
+                Item { field, index: k },
+                limit,
+                at,
+            ));
+        }
+        return Ok(());
+    }
+    out.reserve(numbers.len());
+    numbers.for_each(|k, v| match v {
+        Number::Int(v) if (0..limit).contains(&v) => {
+            out.push(v);
+            Ok(())
+        }
+        _ => Err(buffer_token_error(v, Item { field, index: k }, limit, at)),
+    })
+}
+
+#[cold]
+fn buffer_token_error(value: Number, at_item: Item<'_>, limit: i64, at: Location) -> PyErr {
+    let (value, described) = match value {
+        Number::Int(v) => (Integer::Value(v), v.to_string()),
+        Number::Huge(v) => (Integer::TooLarge, v.to_string()),
+        Number::Float(v) => (Integer::Not, v.to_string()),
+    };
+    token_error(&described, "float", value, at_item, limit, at)
+}
+
+/// [`Items::read_logprobs`] of a buffer: each number finite as float32.
+fn read_buffer_logprobs(numbers: &NumberBuffer, at: Location, out: &mut [f32]) -> PyResult<()> {
+    if let Some(floats) = numbers.as_f32_slice() {
+        // tinker's `logprobs_np`.
+        let n = out.len().min(floats.len());
+        out[..n].copy_from_slice(&floats[..n]);
+        return match floats.iter().position(|v| !v.is_finite()) {
+            Some(k) => Err(buffer_logprob_error(f64::from(floats[k]), k, at)),
+            None => Ok(()),
+        };
+    }
+    numbers.for_each(|k, v| {
+        let v = v.as_f64();
+        #[allow(clippy::cast_possible_truncation)] // float32 is the wire dtype; overflow is checked
+        let single = v as f32;
+        if !single.is_finite() {
+            return Err(buffer_logprob_error(v, k, at));
+        }
+        if let Some(slot) = out.get_mut(k) {
+            *slot = single;
+        }
+        Ok(())
+    })
+}
+
+#[cold]
+fn buffer_logprob_error(v: f64, k: usize, at: Location) -> PyErr {
+    let suffix = Item {
+        field: "logprobs",
+        index: k,
+    };
+    let message = if v.is_finite() {
+        format!("logprob {v:e} overflows float32{suffix}")
+    } else {
+        format!("logprob {} is not finite{suffix}", py_float_repr(v))
+    };
+    InputError::new(ErrorKind::Value, at, message).into()
 }
 
 /// What `operator.index` made of a token.
@@ -477,14 +628,15 @@ fn index_value(item: &Bound<'_, PyAny>) -> PyResult<Integer> {
 
 #[cold]
 fn bad_token(item: &Bound<'_, PyAny>, value: Integer, at_item: Item<'_>, limit: i64, at: Location) -> PyErr {
+    token_error(&describe(item), &type_name(item), value, at_item, limit, at)
+}
+
+#[cold]
+fn token_error(described: &str, type_name: &str, value: Integer, at_item: Item<'_>, limit: i64, at: Location) -> PyErr {
     let (kind, message) = match value {
         Integer::Not => (
             ErrorKind::Type,
-            format!(
-                "token {} of type {} is not an integer{at_item}",
-                describe(item),
-                type_name(item)
-            ),
+            format!("token {described} of type {type_name} is not an integer{at_item}"),
         ),
         Integer::Value(v) if (0..=MAX_TOKEN).contains(&v) => (
             ErrorKind::Value,
@@ -496,7 +648,7 @@ fn bad_token(item: &Bound<'_, PyAny>, value: Integer, at_item: Item<'_>, limit: 
         ),
         Integer::TooLarge => (
             ErrorKind::Value,
-            format!("token {} is outside 0..{MAX_TOKEN}{at_item}", describe(item)),
+            format!("token {described} is outside 0..{MAX_TOKEN}{at_item}"),
         ),
     };
     InputError::new(kind, at, message).into()

@@ -166,7 +166,11 @@ pub fn probe_int_layout(py: Python<'_>) -> PyResult<&'static str> {
     let int_info = sys.getattr("int_info")?;
     let thirty_bit = int_info.getattr("bits_per_digit")?.extract::<u32>()? == 30
         && int_info.getattr("sizeof_digit")?.extract::<usize>()? == 4;
+    // The layouts are CPython's (build.rs refuses other interpreters; this
+    // is the run-time half of that check).
+    let cpython = sys.getattr("implementation")?.getattr("name")?.extract::<String>()? == "cpython";
     let candidate = match version {
+        _ if !cpython => BY_API,
         (3, 11) => BY_OB_SIZE,
         (3, minor) if minor >= 12 => BY_LV_TAG,
         _ => BY_API,
