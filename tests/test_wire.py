@@ -67,15 +67,16 @@ def text_chunk(tokens):
 # --------------------------------------------------------------------------
 # Strategies: requests with every kind of field tinker encodes
 
-INT_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", ">i4", ">i8", "<u2"]
+INT_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", ">i4", ">i8", "<u2", "bool"]
 
 
 @st.composite
 def token_sequences(draw):
     """Token values in a list, a tuple (exact ints, or with numpy ints and
-    bools that tinker's numpy conversion takes) or an integer array of any
-    dtype, byte order and stride (values wrap into the dtype, as numpy's
-    int32 conversion wraps them)."""
+    bools that tinker's numpy conversion takes) or an integer or bool array
+    of any dtype, byte order and stride (values wrap into the dtype, as
+    numpy's int32 conversion wraps them); now and then a float64 or 2-D
+    array, which numpy converts for tinker."""
     values = draw(st.lists(st.one_of(st.integers(0, 1000), st.integers(*INT32), st.sampled_from(INT32)), max_size=12))
     kind = draw(st.sampled_from(["list", "tuple", "mixed list", "array"]))
     if kind == "list":
@@ -86,9 +87,11 @@ def token_sequences(draw):
         return [draw(st.sampled_from([v, np.int64(v), np.int32(v)])) for v in values] + draw(
             st.lists(st.booleans(), max_size=2)
         )
-    dtype = np.dtype(draw(st.sampled_from(INT_DTYPES)))
+    dtype = np.dtype(draw(st.sampled_from(INT_DTYPES + ["float64"])))
     step = draw(st.sampled_from([1, 1, 2, -1]))
     base = np.array(values * abs(step), dtype=np.int64).astype(dtype)
+    if draw(st.integers(0, 9)) == 0 and len(base) % 2 == 0:
+        return base.reshape(2, -1)
     return base[::step]
 
 

@@ -2,9 +2,10 @@
 //! written as one `bytes` object.
 //!
 //! The readers take what tinker and this package make as it is: token lists
-//! of exact ints (read in place), integer numpy arrays, float32 / int64
-//! `TensorData` arrays, `str` and `bytes` objects; the arrays, strs and
-//! bytes are borrowed, not copied, until the bytes are written. Anything
+//! of exact ints (read in place), integer numpy arrays (read as buffers,
+//! `read::buffer`), float32 / int64 `TensorData` arrays, `str` and `bytes`
+//! objects; the arrays, strs and bytes are borrowed, not copied, until the
+//! bytes are written. Anything
 //! else (another dtype, numpy scalars, user objects, what tinker refuses)
 //! goes, one chunk, tensor or span at a time, to tinker's own encoder
 //! (`tinker_rl_data.wire`), so that its bytes and its exceptions are
@@ -12,6 +13,7 @@
 //! where it happened in front: `datum 3, model_input chunk 1: ...`.
 
 use std::cell::{Cell, RefCell};
+use std::convert::Infallible;
 use std::fmt::Display;
 use std::mem::MaybeUninit;
 
@@ -22,6 +24,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyT
 use pyo3::{ffi, intern};
 
 use crate::error::Location;
+use crate::py::read::buffer::{Kind, Number, NumberBuffer};
 use crate::py::read::{describe, ItemKind, Items};
 use crate::wire::{
     sort_map, Chunk, ConfigValue, DType, Datum, KeyOrder, Part, Payload, Request, Shape, Span, Tensor, TensorData,
@@ -98,11 +101,14 @@ fn written<'py>(py: Python<'py>, message: &Request<'_>) -> PyResult<Bound<'py, P
     Ok(bytes.cast_into::<PyBytes>()?)
 }
 
-/// The Python objects whose memory a `Request` borrows, kept alive until
-/// its bytes are written. Only added to: what it hands out stays valid as
-/// long as it lives.
+/// The Python objects (and buffer views) whose memory a `Request` borrows,
+/// kept until its bytes are written. Only added to: what it hands out stays
+/// valid as long as it lives.
 #[derive(Default)]
-struct Held<'py>(RefCell<Vec<Bound<'py, PyAny>>>);
+struct Held<'py> {
+    objects: RefCell<Vec<Bound<'py, PyAny>>>,
+    buffers: RefCell<Vec<NumberBuffer>>,
+}
 
 impl<'py> Held<'py> {
     /// # Safety
@@ -111,7 +117,7 @@ impl<'py> Held<'py> {
         if len == 0 {
             return &[];
         }
-        self.0.borrow_mut().push(owner);
+        self.objects.borrow_mut().push(owner);
         // SAFETY: (caller) the memory lives as long as `owner`, which `self`
         // holds until it is dropped, and `'h` borrows `self`.
         unsafe { std::slice::from_raw_parts(data, len) }
@@ -129,6 +135,16 @@ impl<'py> Held<'py> {
         let data = b.as_bytes();
         // SAFETY: a bytes object holds its (immutable) contents.
         unsafe { self.keep(b.clone().into_any(), data.as_ptr(), data.len()) }
+    }
+
+    /// The bytes of a buffer of back-to-back native int32s.
+    fn int32s(&self, buffer: NumberBuffer) -> &[u8] {
+        let ints = buffer.as_i32_slice().expect("a buffer of plain int32s");
+        let (data, len) = (ints.as_ptr().cast::<u8>(), std::mem::size_of_val(ints));
+        self.buffers.borrow_mut().push(buffer);
+        // SAFETY: the exporter keeps the memory while the view is held,
+        // which `self` does until it is dropped; the slice borrows `self`.
+        unsafe { std::slice::from_raw_parts(data, len) }
     }
 
     /// The buffer of a C-contiguous array: its `tobytes()`.
@@ -284,37 +300,37 @@ impl<'h, 'py> Reader<'h, 'py> {
     }
 
     /// Token bytes of a list or tuple of exact ints in int32 range, or of
-    /// a 1-D integer array (converted as numpy converts); `None` for
-    /// anything else.
+    /// a 1-D integer or bool numpy array (converted as numpy converts to
+    /// int32: wrapping); `None` for anything else.
     fn tokens(&self, tokens: &Bound<'py, PyAny>) -> PyResult<Option<Payload<'h>>> {
         if tokens.is_exact_instance_of::<PyList>() || tokens.is_exact_instance_of::<PyTuple>() {
             let items = Items::of(tokens, "tokens", ItemKind::Token, Location::BATCH)?;
             let mut values = Vec::new();
             return Ok(items.read_int32s(&mut values).then_some(Payload::Int32s(values)));
         }
-        let Ok(array) = tokens.cast_exact::<PyUntypedArray>() else {
+        if !tokens.is_exact_instance_of::<PyUntypedArray>() {
+            return Ok(None); // what numpy makes of other objects is numpy's to say
+        }
+        // An array whose buffer numpy will not export (a datetime, say) is numpy's too.
+        let Some(Ok(buffer)) = NumberBuffer::of(tokens).ok().flatten() else {
             return Ok(None);
         };
-        let dtype = array.dtype();
-        if array.ndim() != 1 || dtype.is_native_byteorder() == Some(false) || !matches!(dtype.kind(), b'i' | b'u') {
-            return Ok(None);
+        if buffer.kind() == Kind::Float {
+            return Ok(None); // numpy's float casts round, saturate and warn as numpy decides
         }
-        if dtype.kind() == b'i' && dtype.itemsize() == 4 && array.is_c_contiguous() {
-            return Ok(Some(Payload::Bytes(self.held.contiguous(array))));
+        if buffer.as_i32_slice().is_some() {
+            return Ok(Some(Payload::Bytes(self.held.int32s(buffer))));
         }
-        // C casts, as numpy's (wrapping, where a value does not fit).
-        Ok(match (dtype.kind(), dtype.itemsize()) {
-            (b'i', 1) => Some(converted(array, |v: i8| i32::from(v))),
-            (b'i', 2) => Some(converted(array, |v: i16| i32::from(v))),
-            (b'i', 4) => Some(converted(array, |v: i32| v)),
-            (b'i', 8) => Some(converted(array, |v: i64| v as i32)),
-            (b'u', 1) => Some(converted(array, |v: u8| i32::from(v))),
-            (b'u', 2) => Some(converted(array, |v: u16| i32::from(v))),
-            (b'u', 4) => Some(converted(array, |v: u32| v as i32)),
-            (b'u', 8) => Some(converted(array, |v: u64| v as i32)),
-            _ => None,
-        }
-        .map(Payload::Int32s))
+        let mut values = Vec::with_capacity(buffer.len());
+        let Ok(()) = buffer.for_each(|_, v| {
+            values.push(match v {
+                Number::Int(v) => v as i32,
+                Number::Huge(v) => v as i32,
+                Number::Float(v) => v as i32, // not reached: the kind is checked
+            });
+            Ok::<(), Infallible>(())
+        });
+        Ok(Some(Payload::Int32s(values)))
     }
 
     fn image(&self, chunk: &Bound<'py, PyAny>) -> PyResult<Option<Chunk<'h>>> {
@@ -540,17 +556,4 @@ fn items<'py>(mapping: &Bound<'py, PyAny>, pairs: &mut Vec<Pair<'py>>) -> PyResu
         pairs.push(pair?.extract()?);
     }
     Ok(())
-}
-
-/// The elements of a 1-D array of `T`, each cast to int32.
-fn converted<T: Copy>(array: &Bound<'_, PyUntypedArray>, cast: impl Fn(T) -> i32) -> Vec<i32> {
-    // SAFETY: a live array's data pointer.
-    let data = unsafe { (*array.as_array_ptr()).fields.data }.cast::<u8>().cast_const();
-    let stride = array.strides()[0];
-    (0..array.len() as isize)
-        // SAFETY: element k of a 1-D array of `T` (the caller checked its
-        // dtype) is at its data pointer plus k strides; a view may leave it
-        // unaligned.
-        .map(|k| cast(unsafe { data.offset(k * stride).cast::<T>().read_unaligned() }))
-        .collect()
 }
