@@ -5,12 +5,12 @@
 //! of exact ints (read in place), integer numpy arrays (read as buffers,
 //! `read::buffer`), float32 / int64 `TensorData` arrays, `str` and `bytes`
 //! objects; the arrays, strs and bytes are borrowed, not copied, until the
-//! bytes are written. Anything
-//! else (another dtype, numpy scalars, user objects, what tinker refuses)
-//! goes, one chunk, tensor or span at a time, to tinker's own encoder
-//! (`tinker_rl_data.wire`), so that its bytes and its exceptions are
-//! tinker's by construction. An exception is raised again, same class, with
-//! where it happened in front: `datum 3, model_input chunk 1: ...`.
+//! bytes are written. Anything else (another dtype, numpy scalars, user
+//! objects, what tinker refuses) goes, one chunk, tensor or span at a time,
+//! to tinker's own encoder (`tinker_rl_data.wire`), so that its bytes and
+//! its exceptions are tinker's by construction. An exception is raised
+//! again, same class, with where it happened in front:
+//! `datum 3, model_input chunk 1: ...`.
 
 use std::cell::{Cell, RefCell};
 use std::convert::Infallible;
