@@ -12,7 +12,8 @@ read floor), merge_turns on multi_turn_agent, the advantage estimators and
 remove_constant_reward_groups, tinker_rl_data.cookbook against
 tinker-cookbook 0.6.1 (skipped with a note when tinker_cookbook does not
 import), the end-to-end table of bench/e2e.py (up to the request bytes), the
-RSS kept by keeping one Datum of a large batch, and interrupt latency.
+RSS kept by keeping one Datum of a large batch, interrupt latency, and the
+request encoding of bench/wire.py (tinker_rl_data.wire against tinker's).
 Comparing two builds in one run: bench/compare_wheels.py.
 
 Times are medians of >= 5 runs after a warm-up; each run's results are kept
@@ -456,6 +457,18 @@ def e2e_section(repeats) -> list[str]:
     return [e2e.markdown(result)]
 
 
+def wire_section(repeats) -> list[str]:
+    """Request bytes: tinker_rl_data.wire against tinker's encoder (bench/wire.py)."""
+    try:
+        import wire
+    except ImportError as exc:  # a build without tinker_rl_data.wire
+        return [f"## Request bytes\n\n{NA}: {exc}"]
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    encoding = [row for name in WORKLOADS for row in wire.encoding_rows(name, repeats, log)]
+    pipeline = [row for name in WORKLOADS for row in wire.pipeline_rows(name, repeats, log)]
+    return [wire.markdown(encoding, pipeline, repeats)]
+
+
 def retention_probe(mode: str) -> None:
     """Keep one Datum per step of a 6.3 M-position batch (4x single_turn_long)
     for 4 steps; print the RSS kept per step, MiB."""
@@ -644,6 +657,7 @@ def main() -> None:
     del small
     extra += cookbook_section(feat, repeats)
     extra += e2e_section(repeats)
+    extra += wire_section(repeats)
     extra += retention_section(feat)
     extra += interrupt_section()
 

@@ -1,7 +1,8 @@
 """The whole pipeline on a synthetic rollout batch: advantages, Datums,
 metrics, timed against the module it replaces (an evsys-style plain-Python
 port) and, when installed, tinker-cookbook; then end to end, up to the bytes
-of a forward_backward request, with list and numpy model input. The contract's
+of a forward_backward request, with list and numpy model input, encoded by
+tinker_rl_data.wire and, beside it, by tinker's own encoder. The contract's
 reference (plain Python that checks every value) is a labelled last line.
 
     python bench/demo.py [workload]        (default: single_turn_long)
@@ -107,19 +108,28 @@ def main() -> None:
     else:
         print("  tinker-cookbook 0.6.1: not installed, not compared (bash scripts/install_cookbook.sh)")
 
-    print("\nend to end, rollouts to request bytes (+ tinker's forward_backward encoding, median of 5):")
-    list_route = e2e.Route("list", trd.compute_advantages, lambda g, a: trd.assemble_training_data(g, a)[0])
-    e2e_list = e2e.measure(list_route, groups, 5)
-    print(line("list model input", e2e_list["total"], n_pos)
-          + f"   {e2e_list['enc_share'] * 100:.0f}% in tinker's encoder")
+    ours_enc = feat["wire"] is None
+    print("\nend to end, rollouts to request bytes (median of 5; "
+          + ("tinker_rl_data's encoder, as after tinker_rl_data.install(), and tinker's own beside):"
+             if ours_enc else "tinker's forward_backward encoding):"))
+    routes = [("list model input", {})]
     if feat["numpy_tokens"] is None:
-        np_route = e2e.Route("numpy", trd.compute_advantages,
-                             lambda g, a: trd.assemble_training_data(g, a, model_input_tokens="numpy")[0])
-        e2e_np = e2e.measure(np_route, groups, 5)
-        print(line('model_input_tokens="numpy"', e2e_np["total"], n_pos)
-              + f"   {e2e_list['total'] / e2e_np['total']:.2f}x faster than list model input")
+        routes.append(('model_input_tokens="numpy"', {"model_input_tokens": "numpy"}))
     else:
         print(f'  model_input_tokens="numpy"             {e2e.NA}')
+    first = None
+    for label, kw in routes:
+        route = e2e.Route(label, trd.compute_advantages, lambda g, a, kw=kw: trd.assemble_training_data(g, a, **kw)[0])
+        m = e2e.measure(route, groups, 5)
+        text = line(label, m["total"], n_pos) + f"   {m['enc_share'] * 100:.0f}% in {m['encoder']} encoder"
+        if ours_enc:
+            text += (f"\n  {'  with tinker' + chr(39) + 's encoder instead':38} {m['total_tinker'] * 1e3:9.1f} ms "
+                     f"{m['total_tinker'] / n_pos * 1e9:8.1f} ns/position   encoding {m['enc_tinker'] * 1e3:.1f} ms "
+                     f"vs {m['enc'] * 1e3:.1f} ms: {m['enc_tinker'] / m['enc']:.1f}x")
+        if first is not None:
+            text += f"\n  {'':38} {first['total'] / m['total']:.2f}x faster than list model input"
+        first = first or m
+        print(text)
 
     t0 = time.perf_counter()
     pipeline(reference, groups)

@@ -2,9 +2,13 @@
 
 Each path runs what a training step runs between scored rollouts and the
 bytes of a forward_backward request: compute_advantages, then
-assemble_training_data, then tinker's own encoder
-(`tinker.proto.request_conv.forward_backward_request_to_proto`) and
-`SerializeToString()`, as `AsyncTrainingResource.forward_backward` does.
+assemble_training_data, then the encoder `AsyncTrainingResource.forward_backward`
+runs: for tinker_rl_data's paths ours (`tinker_rl_data.wire`, what
+`tinker_rl_data.install()` and `tinker_rl_data.cookbook.install()` make
+tinker use) when the build has it, for the others tinker's own
+(`tinker.proto.request_conv.forward_backward_request_to_proto` +
+`SerializeToString()`). tinker's encoder is also timed on every path's
+Datums, and the total with it is shown beside.
 
 Paths: tinker_rl_data with list model input; with model_input_tokens="numpy";
 with merge_turns=True (multi_turn_agent); the evsys-style port
@@ -58,6 +62,7 @@ def features() -> dict[str, str | None]:
         if _has_kw(trd.compute_advantages, "baseline") and _has_kw(trd.compute_advantages, "scale_by_std")
         else NA,
         "remove_constant_reward_groups": None if hasattr(trd, "remove_constant_reward_groups") else NA,
+        "wire": None if encode_forward_backward is not None else NA,
     }
     try:
         mod = importlib.import_module("tinker_rl_data.cookbook")
@@ -78,23 +83,40 @@ def features() -> dict[str, str | None]:
     return out
 
 
-def encode(datums, deterministic: bool = False) -> bytes:
-    """What tinker's forward_backward sends: the request's proto bytes."""
-    request = ForwardBackwardRequest(
+def request_of(datums) -> ForwardBackwardRequest:
+    return ForwardBackwardRequest(
         forward_backward_input=ForwardBackwardInput(data=datums, loss_fn="importance_sampling"),
         model_id="model",
         seq_id=1,
     )
-    return forward_backward_request_to_proto(request).SerializeToString(deterministic=deterministic)
+
+
+def encode(datums, deterministic: bool = False) -> bytes:
+    """What tinker's own forward_backward sends: the request's proto bytes."""
+    return forward_backward_request_to_proto(request_of(datums)).SerializeToString(deterministic=deterministic)
+
+
+try:
+    from tinker_rl_data.wire import encode_forward_backward
+except ImportError:  # a build without the encoder
+    encode_forward_backward = None
+
+
+def encode_ours(datums) -> bytes:
+    """What tinker sends after tinker_rl_data.install(): the same message."""
+    return encode_forward_backward(request_of(datums))
 
 
 class Route:
     """One way from rollouts to datums: advantages(inputs) -> adv;
-    assemble(inputs, adv) -> datums. `cookbook`: takes cookbook objects."""
+    assemble(inputs, adv) -> datums. `cookbook`: takes cookbook objects.
+    `ours`: a tinker_rl_data path, whose request bytes our encoder makes
+    when the build has it."""
 
-    def __init__(self, label, advantages, assemble, cookbook=False, merged=False, why=None):
+    def __init__(self, label, advantages, assemble, cookbook=False, merged=False, why=None, ours=True):
         self.label, self.advantages, self.assemble = label, advantages, assemble
         self.cookbook, self.merged, self.why = cookbook, merged, why
+        self.encode = encode_ours if ours and encode_forward_backward is not None else encode
 
 
 def paths(workload: str, feat: dict[str, str | None]) -> list[Route]:
@@ -123,15 +145,15 @@ def paths(workload: str, feat: dict[str, str | None]) -> list[Route]:
             )
         )
     out.append(Route("evsys-style port (plain Python)", evsys_style.compute_advantages,
-                     lambda g, a: evsys_style.assemble_training_data(g, a)[0]))
+                     lambda g, a: evsys_style.assemble_training_data(g, a)[0], ours=False))
     if feat["tinker_cookbook"] is None:
         from tinker_cookbook.rl import data_processing as cb
 
         out.append(Route("tinker-cookbook 0.6.1 (torch)", cb.compute_advantages,
-                         lambda g, a: cb.assemble_training_data(g, a)[0], cookbook=True, merged=True))
+                         lambda g, a: cb.assemble_training_data(g, a)[0], cookbook=True, merged=True, ours=False))
     else:
         out.append(Route("tinker-cookbook 0.6.1 (torch)", None, None, cookbook=True, merged=True,
-                         why="skipped: tinker_cookbook does not import (see the note)"))
+                         why="skipped: tinker_cookbook does not import (see the note)", ours=False))
     if feat["trd_cookbook"] is None and feat["tinker_cookbook"] is None:
         ours = importlib.import_module("tinker_rl_data.cookbook")
         out.append(Route("tinker_rl_data.cookbook", ours.compute_advantages,
@@ -143,31 +165,43 @@ def paths(workload: str, feat: dict[str, str | None]) -> list[Route]:
 
 
 def run_once(path: Route, inputs):
-    """(advantages s, assembly s, encoding s, request bytes); the result is
-    freed after the clock stops."""
+    """(advantages s, assembly s, encoding s, tinker's encoding s, request
+    bytes): the path's encoder, then tinker's on the same Datums (the same
+    run when the path's is tinker's); the results are freed outside the
+    clocks."""
     t0 = time.perf_counter()
     adv = path.advantages(inputs)
     t1 = time.perf_counter()
     datums = path.assemble(inputs, adv)
     t2 = time.perf_counter()
-    body = encode(datums)
-    t3 = time.perf_counter()
+    body = path.encode(datums)
+    enc = time.perf_counter() - t2
     n = len(body)
-    del adv, datums, body
-    return t1 - t0, t2 - t1, t3 - t2, n
+    del body
+    enc_tinker = enc
+    if path.encode is not encode:
+        t3 = time.perf_counter()
+        body = encode(datums)
+        enc_tinker = time.perf_counter() - t3
+        del body
+    del adv, datums
+    return t1 - t0, t2 - t1, enc, enc_tinker, n
 
 
 def measure(path: Route, inputs, repeats: int) -> dict:
     run_once(path, inputs)  # warm-up
     runs = [run_once(path, inputs) for _ in range(repeats)]
-    total = [a + b + c for a, b, c, _ in runs]
+    total = [a + b + c for a, b, c, _, _ in runs]
     return {
         "total": statistics.median(total),
+        "total_tinker": statistics.median(a + b + d for a, b, _, d, _ in runs),
         "adv": statistics.median(r[0] for r in runs),
         "asm": statistics.median(r[1] for r in runs),
         "enc": statistics.median(r[2] for r in runs),
+        "enc_tinker": statistics.median(r[3] for r in runs),
         "enc_share": statistics.median(r[2] / t for r, t in zip(runs, total)),
-        "bytes": runs[0][3],
+        "encoder": "tinker_rl_data's" if path.encode is encode_ours else "tinker's",
+        "bytes": runs[0][4],
     }
 
 
@@ -216,7 +250,8 @@ def run(workload_names, repeats: int, memory: bool = True, log=print) -> dict:
             results[p.label] = m
             rows.append(r)
             log(f"{name:18} {p.label:45} {m['total'] * 1e3:8.1f} ms {m['total'] / n_pos * 1e9:7.1f} ns/pos "
-                f"{m['bytes'] / r['sent']:5.1f} B/sent pos, encoder {m['enc_share'] * 100:3.0f}%")
+                f"{m['bytes'] / r['sent']:5.1f} B/sent pos, {m['encoder']} encoder {m['enc_share'] * 100:3.0f}% "
+                f"(with tinker's: {m['total_tinker'] * 1e3:.1f} ms)")
         base = {
             "list": results.get("tinker_rl_data, list model input"),
             "port": results.get("evsys-style port (plain Python)"),
@@ -260,19 +295,21 @@ def _x(v) -> str:
 def fmt(result: dict) -> str:
     lines = [
         "| workload | path | positions sent | median ms | ns / position | bytes / position sent"
-        " | advantages / assembly / encoding ms | share in tinker's encoder"
+        " | advantages / assembly / encoding ms | encoder | share in the encoder"
+        " | with tinker's encoder: encoding / total ms"
         " | vs list tokens | vs evsys-style port | vs tinker-cookbook |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in result["rows"]:
         if "na" in r:
-            lines.append(f"| {r['workload']} | {r['path']} | | {r['na']} | | | | | | | |")
+            lines.append(f"| {r['workload']} | {r['path']} | | {r['na']} | | | | | | | | | |")
             continue
         q = r["ratios"]
         lines.append(
             f"| {r['workload']} | {r['path']} | {r['sent']:,} | {r['total'] * 1e3:.1f} | "
             f"{r['total'] / r['n_pos'] * 1e9:.1f} | {r['bytes'] / r['sent']:.1f} | "
-            f"{r['adv'] * 1e3:.1f} / {r['asm'] * 1e3:.1f} / {r['enc'] * 1e3:.1f} | {r['enc_share'] * 100:.0f}% | "
+            f"{r['adv'] * 1e3:.1f} / {r['asm'] * 1e3:.1f} / {r['enc'] * 1e3:.1f} | {r['encoder']} | "
+            f"{r['enc_share'] * 100:.0f}% | {r['enc_tinker'] * 1e3:.1f} / {r['total_tinker'] * 1e3:.1f} | "
             f"{_x(q['list'])} | {_x(q['port'])} | {_x(q['cookbook'])} |"
         )
     return "\n".join(lines)
@@ -297,10 +334,11 @@ def markdown(result: dict) -> str:
     return "\n".join([
         "## End to end: rollouts to request bytes",
         "",
-        "compute_advantages + assemble_training_data + tinker's `forward_backward_request_to_proto(...)"
-        ".SerializeToString()`",
-        f"(what every `forward_backward` call runs), median of {result['repeats']} runs after a warm-up, "
-        "GC enabled. ns / position",
+        "compute_advantages + assemble_training_data + the request encoding every `forward_backward` call runs:",
+        "ours (`tinker_rl_data.wire`, as after `tinker_rl_data.install()`) on tinker_rl_data's paths, tinker's",
+        "`forward_backward_request_to_proto(...).SerializeToString()` on the others (\"encoder\"); tinker's is also",
+        "timed on every path's Datums, its total beside.",
+        f"Median of {result['repeats']} runs after a warm-up, GC enabled. ns / position",
         "counts the package's per-turn rows (per turn) for every path, so a path that merges turns is",
         "credited with the positions it did not have to send; \"positions sent\" are the model-input",
         "positions in the request. The tinker-cookbook paths run on the same rollouts converted to",

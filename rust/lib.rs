@@ -2,7 +2,8 @@
 //!
 //! Plain Rust, unit-tested with `cargo test`: `plan` (where rows begin and
 //! end), `rows` (the numeric core that writes a row's columns),
-//! `advantages`, `error`. The PyO3 glue is the `py` folder.
+//! `advantages`, `error`, `wire` (tinker's request bytes). The PyO3 glue is
+//! the `py` folder.
 
 pub mod advantages;
 pub mod error;
@@ -11,6 +12,7 @@ mod py;
 pub mod rows;
 #[cfg(test)]
 mod rows_fuzz;
+pub mod wire;
 
 use pyo3::prelude::*;
 
@@ -31,6 +33,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(exports::py_assemble_arrays, m)?)?;
     m.add_function(wrap_pyfunction!(exports::py_assemble_datums, m)?)?;
     m.add_function(wrap_pyfunction!(exports::py_assemble_cookbook, m)?)?;
+    m.add_function(wrap_pyfunction!(exports::py_encode_forward_backward, m)?)?;
     m.add_function(wrap_pyfunction!(exports::py_panic_probe, m)?)?;
     Ok(())
 }

@@ -4,6 +4,9 @@ A drop-in for ``evsys_sdk.training.data_processing``::
 
     from tinker_rl_data import assemble_training_data, compute_advantages
 
+``install()`` makes tinker send ``forward_backward`` request bytes made by
+the Rust core (:mod:`tinker_rl_data.wire`); ``uninstall()`` undoes it.
+
 The contract (inputs, rows, errors) is in ``docs/contract.md`` of the
 repository and in the functions' docstrings.
 """
@@ -17,6 +20,8 @@ from .data_processing import assemble_training_data as assemble_training_data
 from .data_processing import compute_advantages as compute_advantages
 from .data_processing import compute_trajectory_metrics as compute_trajectory_metrics
 from .data_processing import remove_constant_reward_groups as remove_constant_reward_groups
+from .wire import install as install
+from .wire import uninstall as uninstall
 
 # Exactly the replaced module's names, so `import *` brings the same ones;
 # the others are public too, imported by name (explicit re-exports above).

@@ -17,6 +17,7 @@ __all__ = [
     "assemble_arrays",
     "assemble_datums",
     "assemble_cookbook",
+    "encode_forward_backward",
     "_panic_probe",
 ]
 
@@ -90,4 +91,5 @@ def assemble_cookbook(
     provenance: bool,
     direct: bool,
 ) -> tuple[list[Any], list[dict[str, int]]]: ...
+def encode_forward_backward(request: Any, forward_only: Any, parts: Any) -> bytes: ...
 def _panic_probe() -> None: ...

@@ -41,6 +41,7 @@ import sys
 from typing import Any, Iterable, Sequence
 
 from . import _core
+from . import wire as _wire
 
 __all__ = [
     "assemble_training_data",
@@ -309,6 +310,8 @@ def trajectory_to_data(traj: Any, traj_advantage: float, include_provenance: boo
 # install / uninstall
 
 _originals: dict[str, Any] = {}
+# Whether install() installed the request encoder (so uninstall() removes it).
+_wire_installed = False
 
 
 def _ours() -> dict[str, Any]:
@@ -341,8 +344,9 @@ def _replace(old_by_name: dict[str, Any], new_by_name: dict[str, Any]) -> int:
     return n
 
 
-def install(force: bool = False) -> None:
-    """Use this module's functions in tinker_cookbook.
+def install(force: bool = False, wire: bool = True) -> None:
+    """Use this module's functions in tinker_cookbook, and (``wire=True``)
+    tinker_rl_data's request encoder in tinker (:func:`tinker_rl_data.install`).
 
     Replaces ``compute_advantages``, ``assemble_training_data``,
     ``trajectory_to_data`` and ``remove_constant_reward_groups`` in
@@ -353,9 +357,12 @@ def install(force: bool = False) -> None:
     again is harmless.
 
     Raises RuntimeError for a tinker-cookbook version other than
-    ``VERIFIED_COOKBOOK_VERSION`` (whose behaviour has not been checked),
-    unless ``force=True``; ImportError when tinker_cookbook is not installed.
+    ``VERIFIED_COOKBOOK_VERSION`` (whose behaviour has not been checked), or
+    with ``wire=True`` a tinker version the encoder has not been checked
+    against, unless ``force=True``; ImportError when tinker_cookbook is not
+    installed.
     """
+    global _wire_installed
     import importlib
 
     import tinker_cookbook
@@ -367,6 +374,9 @@ def install(force: bool = False) -> None:
             f"but tinker-cookbook {version} is installed: its data processing may differ. "
             "Call install(force=True) to use it anyway."
         )
+    if wire and not _wire.installed():
+        _wire.install(force=force)  # refuses an unverified tinker before anything is replaced
+        _wire_installed = True
     data_processing = importlib.import_module(_COOKBOOK_MODULE)
     ours = _ours()
     if not _originals:
@@ -379,7 +389,12 @@ def install(force: bool = False) -> None:
 
 def uninstall() -> None:
     """Put the cookbook's own functions back wherever :func:`install` (or a
-    module imported after it) placed ours. Harmless when not installed."""
+    module imported after it) placed ours, and tinker's encoder if
+    :func:`install` installed ours. Harmless when not installed."""
+    global _wire_installed
+    if _wire_installed:
+        _wire.uninstall()
+        _wire_installed = False
     if not _originals:
         return
     _replace(_ours(), _originals)

@@ -4,7 +4,7 @@
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyTuple, PyType};
+use pyo3::types::{PyBytes, PyTuple, PyType};
 
 use crate::advantages::{extend_group_advantages, is_constant, reward_stats, AdvantageRule, Baseline};
 use crate::py::build::{Builder, ClassTuple};
@@ -13,6 +13,7 @@ use crate::py::gc::GcPaused;
 use crate::py::pipeline;
 use crate::py::source::cookbook::Cookbook;
 use crate::py::source::evsys::{read_rewards, Evsys, FitReport, Options};
+use crate::py::wire::{encode_forward_backward, TinkerParts};
 
 /// How the logprobs of turns were fitted to their completions: counts, and
 /// the first such turn as `(group, trajectory, turn)`.
@@ -215,6 +216,17 @@ pub fn py_assemble_cookbook<'py>(
         let (datums, metadata) = pipeline::datums(&mut door, &builder)?;
         PyTuple::new(py, [datums.into_any(), metadata.into_any()])
     })
+}
+
+/// tinker's `forward_backward` request bytes (`tinker_rl_data.wire`
+/// passes what it takes from tinker as `parts`).
+#[pyfunction(name = "encode_forward_backward")]
+pub fn py_encode_forward_backward<'py>(
+    request: &Bound<'py, PyAny>,
+    forward_only: &Bound<'py, PyAny>,
+    parts: TinkerParts<'py>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    guarded(|| encode_forward_backward(request, forward_only, &parts))
 }
 
 /// Panics on purpose, so a test can show a panic surfaces as an exception.

@@ -8,7 +8,8 @@
 //! - `build`: filled rows into tinker's objects (directly or through its
 //!   public constructors) and their metadata;
 //! - `gc`: the cyclic GC held off for a call; `errors`: exceptions and the
-//!   panic guard; `exports`: the exported functions, thin wrappers.
+//!   panic guard; `wire`: tinker's forward_backward request read for its
+//!   bytes; `exports`: the exported functions, thin wrappers.
 //!
 //! The numeric work lives outside, in plain Rust (`plan`, `rows`,
 //! `advantages`).
@@ -20,3 +21,4 @@ pub mod gc;
 pub mod pipeline;
 pub mod read;
 pub mod source;
+pub mod wire;

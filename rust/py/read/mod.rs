@@ -384,6 +384,58 @@ impl Items<'_> {
         Ok(exact)
     }
 
+    /// Appends every item to `out` if all are exact ints in int32 range,
+    /// read in place; else says `false` at the first that is not (what is
+    /// in `out` then is unspecified). Runs no Python code: the caller hands
+    /// a declined sequence to numpy, whose int32 conversion decides.
+    pub fn read_int32s(&self, out: &mut Vec<i32>) -> bool {
+        match int_read() {
+            BY_OB_SIZE => self.read_int32s_as::<BY_OB_SIZE>(out),
+            BY_LV_TAG => self.read_int32s_as::<BY_LV_TAG>(out),
+            _ => self.read_int32s_as::<BY_API>(out),
+        }
+    }
+
+    fn read_int32s_as<const LAYOUT: u8>(&self, out: &mut Vec<i32>) -> bool {
+        /// Asks the CPU to start loading `object`'s header; a hint, no access.
+        #[inline]
+        fn prefetch(object: *mut ffi::PyObject) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch is a hint that never faults, whatever the address.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch::<_MM_HINT_T0>(object.cast::<i8>().cast_const());
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = object;
+        }
+
+        let items = self.raw();
+        // SAFETY: no Python code runs while `now` and its items are used.
+        let now = unsafe { items.now() };
+        let Some(now) = now.get(..self.len) else {
+            return false;
+        };
+        out.reserve(now.len());
+        let start = out.len();
+        let slots = &mut out.spare_capacity_mut()[..now.len()];
+        for (k, (slot, &item)) in slots.iter_mut().zip(now).enumerate() {
+            // Each int is its own object, and waiting for each in turn is
+            // most of the loop's time: ask for one 16 items ahead.
+            if let Some(&ahead) = now.get(k + 16) {
+                prefetch(ahead);
+            }
+            // SAFETY: a live item of the list or tuple `self` holds.
+            match unsafe { exact_int::<LAYOUT>(item) }.and_then(|v| i32::try_from(v).ok()) {
+                Some(v) => _ = slot.write(v),
+                None => return false,
+            }
+        }
+        // SAFETY: every slot up to `start + now.len()` was written.
+        unsafe { out.set_len(start + now.len()) };
+        true
+    }
+
     /// Appends every item as [`any_real`] reads it (`field[k]` in
     /// messages) to `values`, and whether each was an `int` to `is_int`;
     /// says whether any was.

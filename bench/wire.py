@@ -1,0 +1,238 @@
+"""Request bytes (contract §10): tinker_rl_data.wire.encode_forward_backward
+against tinker's own encoder, on the workloads of bench/workloads.py.
+
+1. Encoding: one forward_backward request holding a workload's Datums,
+   by tinker (`forward_backward_request_to_proto(request)` +
+   `SerializeToString()`, what `AsyncTrainingResource.forward_backward`
+   runs) and by ours, in turn; for the Datums of
+   `assemble_training_data` with list and numpy model input, and of
+   `tinker_rl_data.cookbook.assemble_training_data` with provenance (read
+   from cookbook-shaped objects, so tinker_cookbook is not needed).
+2. Rollouts to request bytes: compute_advantages + assemble_training_data +
+   encoding, with our encoder and with tinker's.
+
+Medians of --repeats runs (default 7) after a warm-up, GC enabled; each
+run's result is freed outside the clock. Ratios are within one run. The
+encoders are timed each after an untimed run of its own (right after
+tinker's encoder, whose freed memory goes back to the system, ours page-
+faults its whole output in afresh: reported beside, with the faults).
+
+    python bench/wire.py [--repeats N] [--workload NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE)]
+
+import tinker  # noqa: E402
+from tinker.proto.request_conv import forward_backward_request_to_proto  # noqa: E402
+from tinker.types import ForwardBackwardInput, ForwardBackwardRequest  # noqa: E402
+
+import tinker_rl_data as trd  # noqa: E402
+from tinker_rl_data import cookbook  # noqa: E402
+from tinker_rl_data.wire import encode_forward_backward  # noqa: E402
+from workloads import WORKLOADS, positions  # noqa: E402
+
+
+def request(datums) -> ForwardBackwardRequest:
+    return ForwardBackwardRequest(
+        forward_backward_input=ForwardBackwardInput(data=datums, loss_fn="importance_sampling"),
+        model_id="model",
+        seq_id=1,
+    )
+
+
+def tinkers(req) -> bytes:
+    return forward_backward_request_to_proto(req).SerializeToString()
+
+
+def ours(req) -> bytes:
+    return encode_forward_backward(req)
+
+
+def cookbook_shaped(groups) -> list:
+    """The rollouts as tinker-cookbook objects would hold them, read by
+    attribute: each turn a transition whose observation is the prompt and
+    whose action has a sequence_id (so the Datums carry provenance spans)."""
+    out = []
+    for g, group in enumerate(groups):
+        trajectories = [
+            SimpleNamespace(
+                transitions=[
+                    SimpleNamespace(
+                        ob=tinker.ModelInput.from_ints(list(turn.prompt_tokens)),
+                        ac=SimpleNamespace(
+                            tokens=list(turn.completion_tokens),
+                            maybe_logprobs=list(turn.logprobs),
+                            sequence_id=f"seq-{g}-{t}-{u}",
+                        ),
+                        reward=0.0,
+                        episode_done=u == len(traj.turns) - 1,
+                        metrics={},
+                    )
+                    for u, turn in enumerate(traj.turns)
+                ],
+                final_ob=tinker.ModelInput.empty(),
+            )
+            for t, traj in enumerate(group.trajectories)
+        ]
+        rewards = [t.reward for t in group.trajectories]
+        out.append(SimpleNamespace(trajectories_G=trajectories, final_rewards_G=rewards, metrics_G=[{}] * len(rewards)))
+    return out
+
+
+def group_advantages(cb_groups) -> list[list[float]]:
+    return [[r - sum(g.final_rewards_G) / len(g.final_rewards_G) for r in g.final_rewards_G] for g in cb_groups]
+
+
+def alternate(fns: dict, repeats: int, settle: bool = False) -> dict[str, float]:
+    """Median seconds of each function, run in turn, after a warm-up each.
+    With ``settle``, each timed run follows an untimed run of the same
+    function: it is timed in the memory state its own runs leave (right
+    after the other encoder freed its memory, the output's pages are
+    faulted in afresh, see ``page_faults``)."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            if settle:
+                fn()
+            t0 = time.perf_counter()
+            result = fn()
+            times[name].append(time.perf_counter() - t0)
+            del result
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def page_faults(fn, before) -> int:
+    """Minor page faults of one ``fn()`` run right after ``before()``."""
+    import resource
+
+    before()
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    fn()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start
+
+
+def encoding_rows(name: str, repeats: int, log) -> list[dict]:
+    groups = WORKLOADS[name].build()
+    n_pos, _ = positions(groups)
+    advantages = trd.compute_advantages(groups)
+    cb_groups = cookbook_shaped(groups)
+    cases = {
+        "list model input": lambda: trd.assemble_training_data(groups, advantages)[0],
+        'model_input_tokens="numpy"': lambda: trd.assemble_training_data(
+            groups, advantages, model_input_tokens="numpy"
+        )[0],
+        "tinker_rl_data.cookbook, provenance": lambda: cookbook.assemble_training_data(
+            cb_groups, group_advantages(cb_groups)
+        )[0],
+    }
+    rows = []
+    for label, make in cases.items():
+        req = request(make())
+        same = ours(req) == forward_backward_request_to_proto(req).SerializeToString(deterministic=True)
+        t = alternate({"tinker": lambda: tinkers(req), "ours": lambda: ours(req)}, repeats, settle=True)
+        after = alternate({"tinker": lambda: tinkers(req), "ours": lambda: ours(req)}, repeats)["ours"]
+        sent = sum(d.model_input.length for d in req.forward_backward_input.data)
+        row = {
+            "workload": name, "datums": label, "n": len(req.forward_backward_input.data), "sent": sent,
+            "bytes": len(ours(req)), "tinker": t["tinker"], "ours": t["ours"], "same": same, "n_pos": n_pos,
+            "after": after, "faults": page_faults(lambda: ours(req), lambda: tinkers(req)),
+        }
+        log(f"{name:18} {label:38} tinker {t['tinker'] * 1e3:7.1f} ms  ours {t['ours'] * 1e3:6.1f} ms  "
+            f"{t['tinker'] / t['ours']:5.1f}x  (right after tinker's: {after * 1e3:.1f} ms, "
+            f"{row_faults(row)} page faults)  bytes {'identical' if same else 'DIFFER'}")
+        rows.append(row)
+        del req
+        gc.collect()
+    return rows
+
+
+def row_faults(row) -> str:
+    return f"{row['faults']:,}"
+
+
+def pipeline_rows(name: str, repeats: int, log) -> list[dict]:
+    groups = WORKLOADS[name].build()
+    n_pos, _ = positions(groups)
+    rows = []
+    for label, tokens in [("list model input", "list"), ('model_input_tokens="numpy"', "numpy")]:
+        def run(encode, tokens=tokens):
+            advantages = trd.compute_advantages(groups)
+            datums, _ = trd.assemble_training_data(groups, advantages, model_input_tokens=tokens)
+            return encode(request(datums))
+
+        t = alternate({"tinker": lambda: run(tinkers), "ours": lambda: run(ours)}, repeats)
+        log(f"{name:18} rollouts -> bytes, {label:26} tinker's encoder {t['tinker'] * 1e3:7.1f} ms  "
+            f"ours {t['ours'] * 1e3:6.1f} ms  {t['ours'] / t['tinker']:.2f}x the time")
+        rows.append({"workload": name, "datums": label, "tinker": t["tinker"], "ours": t["ours"], "n_pos": n_pos})
+        gc.collect()
+    return rows
+
+
+def markdown(encoding: list[dict], pipeline: list[dict], repeats: int) -> str:
+    lines = [
+        "## Request bytes: tinker_rl_data.wire against tinker's encoder",
+        "",
+        f"One forward_backward request of the workload's Datums; median of {repeats} runs, the two encoders",
+        "in turn, each timed run after an untimed run of the same encoder (its own memory state), GC enabled.",
+        "tinker: `forward_backward_request_to_proto(request).SerializeToString()`; ours:",
+        "`tinker_rl_data.wire.encode_forward_backward(request)`, whose bytes equal tinker's",
+        "`SerializeToString(deterministic=True)` (checked in the same run). \"Right after tinker's\": ours",
+        "timed right after a run of tinker's encoder, whose freed memory leaves our output's pages to be",
+        "faulted in afresh (and the page faults of one such run).",
+        "",
+        "| workload | Datums | count | request MB | tinker ms | ours ms | ns / position (tinker / ours) | speed-up "
+        "| ours right after tinker's: ms, page faults | bytes |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in encoding:
+        lines.append(
+            f"| {r['workload']} | {r['datums']} | {r['n']:,} | {r['bytes'] / 1e6:.1f} | {r['tinker'] * 1e3:.1f} | "
+            f"{r['ours'] * 1e3:.1f} | {r['tinker'] / r['sent'] * 1e9:.0f} / {r['ours'] / r['sent'] * 1e9:.1f} | "
+            f"{r['tinker'] / r['ours']:.1f}x | {r['after'] * 1e3:.1f}, {row_faults(r)} | "
+            f"{'identical' if r['same'] else 'DIFFER'} |"
+        )
+    lines += [
+        "",
+        "Rollouts to request bytes (compute_advantages + assemble_training_data + encoding), same run:",
+        "",
+        "| workload | model input | with tinker's encoder ms | with ours ms | ours / tinker's |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for r in pipeline:
+        lines.append(
+            f"| {r['workload']} | {r['datums']} | {r['tinker'] * 1e3:.1f} | {r['ours'] * 1e3:.1f} | "
+            f"{r['ours'] / r['tinker']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--workload", nargs="*", choices=list(WORKLOADS), default=list(WORKLOADS))
+    args = parser.parse_args()
+    repeats = max(args.repeats, 5)
+    encoding, pipeline = [], []
+    for name in args.workload:
+        encoding += encoding_rows(name, repeats, lambda s: print(s, flush=True))
+    for name in args.workload:
+        pipeline += pipeline_rows(name, repeats, lambda s: print(s, flush=True))
+    print()
+    print(markdown(encoding, pipeline, repeats))
+
+
+if __name__ == "__main__":
+    main()

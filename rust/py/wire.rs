@@ -1,0 +1,559 @@
+//! A `tinker.types.ForwardBackwardRequest` read into `wire::Request`, then
+//! written as one `bytes` object.
+//!
+//! The readers take what tinker and this package make as it is: token lists
+//! of exact ints (read in place), integer numpy arrays (read as buffers,
+//! `read::buffer`), float32 / int64 `TensorData` arrays, `str` and `bytes`
+//! objects; the arrays, strs and bytes are borrowed, not copied, until the
+//! bytes are written. Anything else (another dtype, numpy scalars, user
+//! objects, what tinker refuses) goes, one chunk, tensor or span at a time,
+//! to tinker's own encoder (`tinker_rl_data.wire`), so that its bytes and
+//! its exceptions are tinker's by construction. An exception is raised
+//! again, same class, with where it happened in front:
+//! `datum 3, model_input chunk 1: ...`.
+
+use std::cell::{Cell, RefCell};
+use std::convert::Infallible;
+use std::fmt::Display;
+use std::mem::MaybeUninit;
+
+use numpy::{Element, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+use pyo3::{ffi, intern};
+
+use crate::error::Location;
+use crate::py::read::buffer::{Kind, Number, NumberBuffer};
+use crate::py::read::{describe, ItemKind, Items};
+use crate::wire::{
+    sort_map, Chunk, ConfigValue, DType, Datum, KeyOrder, Part, Payload, Request, Shape, Span, Tensor, TensorData,
+};
+
+/// From this size on the bytes are written with the GIL released: below
+/// it, the copy is too short for other threads to gain from the switch.
+const DETACH_AT: usize = 1 << 20;
+
+/// What the encoder takes from tinker, by attribute (`tinker_rl_data.wire`
+/// gathers them).
+#[derive(FromPyObject)]
+pub struct TinkerParts<'py> {
+    encoded_text_chunk: Bound<'py, PyType>,
+    image_chunk: Bound<'py, PyType>,
+    dmel_chunk: Bound<'py, PyType>,
+    sampled_span: Bound<'py, PyType>,
+    /// tinker's bytes of one `Chunk`, `Tensor` or `ProvenanceSpan` message.
+    chunk_bytes: Bound<'py, PyAny>,
+    tensor_bytes: Bound<'py, PyAny>,
+    span_bytes: Bound<'py, PyAny>,
+    /// `(message, field, value) -> value` as a proto message of that class
+    /// stores it, or what protobuf raises.
+    stored: Bound<'py, PyAny>,
+    /// A map key as the proto maps store it, or what protobuf raises.
+    map_key: Bound<'py, PyAny>,
+    /// The installed protobuf's deterministic order of a key and its prefix.
+    longer_key_first: bool,
+}
+
+/// tinker's `forward_backward` request bytes for `request`.
+pub fn encode_forward_backward<'py>(
+    request: &Bound<'py, PyAny>,
+    forward_only: &Bound<'py, PyAny>,
+    parts: &TinkerParts<'py>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let held = Held::default();
+    let reader = Reader {
+        parts,
+        held: &held,
+        order: if parts.longer_key_first {
+            KeyOrder::LongerFirst
+        } else {
+            KeyOrder::ShorterFirst
+        },
+        pairs: Cell::default(),
+    };
+    let message = reader.request(request, forward_only)?;
+    written(request.py(), &message)
+}
+
+/// The message's bytes, in a `bytes` object allocated once at its size.
+fn written<'py>(py: Python<'py>, message: &Request<'_>) -> PyResult<Bound<'py, PyBytes>> {
+    let message = message.measured();
+    let len = message.len();
+    let size = isize::try_from(len).expect("request larger than isize::MAX");
+    // SAFETY: with a NULL source, PyBytes_FromStringAndSize returns a new
+    // reference to a bytes object of `size` bytes left to its maker to
+    // fill (or NULL with an exception set).
+    let bytes = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyBytes_FromStringAndSize(std::ptr::null(), size))? };
+    // SAFETY: the object's `len` bytes, which no one else sees before it is
+    // returned; MaybeUninit: written, never read, here.
+    let out =
+        unsafe { std::slice::from_raw_parts_mut(ffi::PyBytes_AsString(bytes.as_ptr()).cast::<MaybeUninit<u8>>(), len) };
+    if len >= DETACH_AT {
+        // The message borrows memory of objects `Held` keeps alive: strs and
+        // bytes, immutable; numpy arrays, whose buffers stay allocated
+        // (another thread writing one meanwhile races as it would with
+        // numpy's own copies).
+        py.detach(|| message.write_to(out));
+    } else {
+        message.write_to(out);
+    }
+    Ok(bytes.cast_into::<PyBytes>()?)
+}
+
+/// The Python objects (and buffer views) whose memory a `Request` borrows,
+/// kept until its bytes are written. Only added to: what it hands out stays
+/// valid as long as it lives.
+#[derive(Default)]
+struct Held<'py> {
+    objects: RefCell<Vec<Bound<'py, PyAny>>>,
+    buffers: RefCell<Vec<NumberBuffer>>,
+}
+
+impl<'py> Held<'py> {
+    /// # Safety
+    /// `len` bytes at `data` belong to `owner` and stay allocated while it lives.
+    unsafe fn keep<'h>(&'h self, owner: Bound<'py, PyAny>, data: *const u8, len: usize) -> &'h [u8] {
+        if len == 0 {
+            return &[];
+        }
+        self.objects.borrow_mut().push(owner);
+        // SAFETY: (caller) the memory lives as long as `owner`, which `self`
+        // holds until it is dropped, and `'h` borrows `self`.
+        unsafe { std::slice::from_raw_parts(data, len) }
+    }
+
+    /// A str's UTF-8, or `None` for one that has none (lone surrogates).
+    fn str<'h>(&'h self, s: &Bound<'py, PyString>) -> Option<&'h [u8]> {
+        let utf8 = s.to_str().ok()?;
+        // SAFETY: CPython keeps a str's UTF-8 form inside the object, from
+        // when it is first asked for until the object is freed.
+        Some(unsafe { self.keep(s.clone().into_any(), utf8.as_ptr(), utf8.len()) })
+    }
+
+    fn bytes<'h>(&'h self, b: &Bound<'py, PyBytes>) -> &'h [u8] {
+        let data = b.as_bytes();
+        // SAFETY: a bytes object holds its (immutable) contents.
+        unsafe { self.keep(b.clone().into_any(), data.as_ptr(), data.len()) }
+    }
+
+    /// The bytes of a buffer of back-to-back native int32s.
+    fn int32s(&self, buffer: NumberBuffer) -> &[u8] {
+        let ints = buffer.as_i32_slice().expect("a buffer of plain int32s");
+        let (data, len) = (ints.as_ptr().cast::<u8>(), std::mem::size_of_val(ints));
+        self.buffers.borrow_mut().push(buffer);
+        // SAFETY: the exporter keeps the memory while the view is held,
+        // which `self` does until it is dropped; the slice borrows `self`.
+        unsafe { std::slice::from_raw_parts(data, len) }
+    }
+
+    /// The buffer of a C-contiguous array: its `tobytes()`.
+    fn contiguous<'h>(&'h self, a: &Bound<'py, PyUntypedArray>) -> &'h [u8] {
+        debug_assert!(a.is_c_contiguous());
+        let len = a.shape().iter().product::<usize>() * a.dtype().itemsize();
+        // SAFETY: a C-contiguous array's elements are the `len` bytes at its
+        // data pointer, in a buffer it (or its base, which it holds) owns.
+        unsafe { self.keep(a.clone().into_any(), (*a.as_array_ptr()).fields.data.cast::<u8>(), len) }
+    }
+}
+
+struct Reader<'h, 'py> {
+    parts: &'h TinkerParts<'py>,
+    held: &'h Held<'py>,
+    order: KeyOrder,
+    /// A Datum's `loss_fn_inputs` pairs, the buffer reused Datum to Datum.
+    pairs: Cell<Vec<Pair<'py>>>,
+}
+
+type Pair<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>);
+
+impl<'h, 'py> Reader<'h, 'py> {
+    /// What `forward_backward_request_to_proto` reads, in its order.
+    fn request(&self, request: &Bound<'py, PyAny>, forward_only: &Bound<'py, PyAny>) -> PyResult<Request<'h>> {
+        let py = request.py();
+        let model_id = request.getattr(intern!(py, "model_id"));
+        let model_id = model_id.and_then(|v| self.string("ForwardBackwardRequest", "model_id", v));
+        let model_id = at(py, model_id, || "model_id")?;
+        let seq_id = at(py, self.seq_id(request), || "seq_id")?;
+        let input = at(py, request.getattr(intern!(py, "forward_backward_input")), || "request")?;
+        let loss_fn = input.getattr(intern!(py, "loss_fn"));
+        let loss_fn = loss_fn.and_then(|v| self.string("ForwardBackwardRequest", "loss_fn", v));
+        let loss_fn = at(py, loss_fn, || "loss_fn")?;
+        let (loss_fn_config, loss_fn_config_v2) = self.loss_fn_config(&input)?;
+        let data = at(py, input.getattr(intern!(py, "data")), || "forward_backward_input")?;
+        let mut datums = Vec::with_capacity(data.len().unwrap_or(0));
+        for (i, datum) in at(py, data.try_iter(), || "data")?.enumerate() {
+            py.check_signals()?;
+            let datum = at(py, datum, || "data")?;
+            datums.push(self.datum(i, &datum)?);
+        }
+        let forward_only = if forward_only.is_exact_instance_of::<PyBool>() {
+            forward_only.is_truthy()?
+        } else {
+            let stored = self.stored("ForwardBackwardRequest", "forward_only", forward_only.clone());
+            at(py, stored.and_then(|v| v.extract::<bool>()), || "forward_only")?
+        };
+        Ok(Request {
+            model_id,
+            seq_id,
+            data: datums,
+            loss_fn,
+            loss_fn_config,
+            forward_only,
+            loss_fn_config_v2,
+        })
+    }
+
+    fn seq_id(&self, request: &Bound<'py, PyAny>) -> PyResult<i32> {
+        let seq_id = request.getattr(intern!(request.py(), "seq_id"))?;
+        if seq_id.is_none() {
+            return Ok(0);
+        }
+        if let Some(v) = exact_int(&seq_id).and_then(|v| i32::try_from(v).ok()) {
+            return Ok(v);
+        }
+        self.stored("ForwardBackwardRequest", "seq_id", seq_id)?.extract()
+    }
+
+    /// Floats go into both maps, strs into the second only, as tinker writes them.
+    #[allow(clippy::type_complexity)]
+    fn loss_fn_config(
+        &self,
+        input: &Bound<'py, PyAny>,
+    ) -> PyResult<(Vec<(&'h [u8], f64)>, Vec<(&'h [u8], ConfigValue<'h>)>)> {
+        let py = input.py();
+        let (mut numbers, mut values) = (Vec::new(), Vec::new());
+        let config = at(py, input.getattr(intern!(py, "loss_fn_config")), || "loss_fn_config")?;
+        if config.is_none() {
+            return Ok((numbers, values));
+        }
+        let mut pairs = Vec::new();
+        at(py, items(&config, &mut pairs), || "loss_fn_config")?;
+        for (key, value) in pairs {
+            let mut entry = || -> PyResult<()> {
+                if let Ok(text) = value.cast::<PyString>() {
+                    let key = self.key(&key)?;
+                    let text = self.string("LossConfigValue", "text", text.clone().into_any())?;
+                    values.push((key, ConfigValue::Text(text)));
+                } else {
+                    let number = match value.cast_exact::<PyFloat>() {
+                        Ok(float) => float.value(),
+                        Err(_) => py.get_type::<PyFloat>().call1((&value,))?.extract::<f64>()?, // float(v)
+                    };
+                    let key = self.key(&key)?;
+                    numbers.push((key, number));
+                    values.push((key, ConfigValue::Number(number)));
+                }
+                Ok(())
+            };
+            at(py, entry(), || format!("loss_fn_config[{}]", describe(&key)))?;
+        }
+        sort_map(&mut numbers, self.order);
+        sort_map(&mut values, self.order);
+        Ok((numbers, values))
+    }
+
+    fn datum(&self, i: usize, datum: &Bound<'py, PyAny>) -> PyResult<Datum<'h>> {
+        let py = datum.py();
+        let here = || format!("datum {i}");
+        let chunks = datum.getattr(intern!(py, "model_input"));
+        let chunks = at(py, chunks.and_then(|m| m.getattr(intern!(py, "chunks"))), here)?;
+        let mut out = Datum::default();
+        for (j, chunk) in at(py, chunks.try_iter(), here)?.enumerate() {
+            let chunk = at(py, chunk, here)?;
+            let chunk = self.chunk(&chunk);
+            out.model_input
+                .push(at(py, chunk, || format!("datum {i}, model_input chunk {j}"))?);
+        }
+        let mut pairs = self.pairs.take();
+        let inputs = datum.getattr(intern!(py, "loss_fn_inputs"));
+        at(py, inputs.and_then(|inputs| items(&inputs, &mut pairs)), here)?;
+        out.loss_fn_inputs.reserve_exact(pairs.len());
+        for (name, tensor) in pairs.drain(..) {
+            let entry = self.key(&name).and_then(|key| Ok((key, self.tensor(&tensor)?)));
+            let entry = at(py, entry, || format!("datum {i}, loss_fn_inputs[{}]", describe(&name)))?;
+            out.loss_fn_inputs.push(entry);
+        }
+        self.pairs.set(pairs);
+        sort_map(&mut out.loss_fn_inputs, self.order);
+        out.model_input_spans = self.spans(datum, intern!(py, "model_input_spans"), i)?;
+        out.loss_fn_input_spans = self.spans(datum, intern!(py, "loss_fn_input_spans"), i)?;
+        Ok(out)
+    }
+
+    fn chunk(&self, chunk: &Bound<'py, PyAny>) -> PyResult<Part<'h, Chunk<'h>>> {
+        let py = chunk.py();
+        let parts = self.parts;
+        let fields = if is_a(chunk, &parts.encoded_text_chunk)? {
+            self.tokens(&chunk.getattr(intern!(py, "tokens"))?)?.map(Chunk::Text)
+        } else if is_a(chunk, &parts.image_chunk)? {
+            self.image(chunk)?
+        } else if is_a(chunk, &parts.dmel_chunk)? {
+            let dmel = chunk.getattr(intern!(py, "dmel"))?;
+            dmel.cast_exact::<PyBytes>()
+                .ok()
+                .map(|b| Chunk::Dmel(self.held.bytes(b)))
+        } else {
+            None // tinker raises its ValueError
+        };
+        self.or_tinkers(fields, &parts.chunk_bytes, chunk)
+    }
+
+    /// Token bytes of a list or tuple of exact ints in int32 range, or of
+    /// a 1-D integer or bool numpy array (converted as numpy converts to
+    /// int32: wrapping); `None` for anything else.
+    fn tokens(&self, tokens: &Bound<'py, PyAny>) -> PyResult<Option<Payload<'h>>> {
+        if tokens.is_exact_instance_of::<PyList>() || tokens.is_exact_instance_of::<PyTuple>() {
+            let items = Items::of(tokens, "tokens", ItemKind::Token, Location::BATCH)?;
+            let mut values = Vec::new();
+            return Ok(items.read_int32s(&mut values).then_some(Payload::Int32s(values)));
+        }
+        if !tokens.is_exact_instance_of::<PyUntypedArray>() {
+            return Ok(None); // what numpy makes of other objects is numpy's to say
+        }
+        // An array whose buffer numpy will not export (a datetime, say) is numpy's too.
+        let Some(Ok(buffer)) = NumberBuffer::of(tokens).ok().flatten() else {
+            return Ok(None);
+        };
+        if buffer.kind() == Kind::Float {
+            return Ok(None); // numpy's float casts round, saturate and warn as numpy decides
+        }
+        if buffer.as_i32_slice().is_some() {
+            return Ok(Some(Payload::Bytes(self.held.int32s(buffer))));
+        }
+        let mut values = Vec::with_capacity(buffer.len());
+        let Ok(()) = buffer.for_each(|_, v| {
+            values.push(match v {
+                Number::Int(v) => v as i32,
+                Number::Huge(v) => v as i32,
+                Number::Float(v) => v as i32, // not reached: the kind is checked
+            });
+            Ok::<(), Infallible>(())
+        });
+        Ok(Some(Payload::Int32s(values)))
+    }
+
+    fn image(&self, chunk: &Bound<'py, PyAny>) -> PyResult<Option<Chunk<'h>>> {
+        let py = chunk.py();
+        let data = chunk.getattr(intern!(py, "data"))?;
+        let format = chunk.getattr(intern!(py, "format"))?;
+        let expected_tokens = chunk.getattr(intern!(py, "expected_tokens"))?;
+        let expected_tokens = if expected_tokens.is_none() {
+            None
+        } else {
+            match exact_int(&expected_tokens).and_then(|v| i32::try_from(v).ok()) {
+                Some(v) => Some(v),
+                None => return Ok(None),
+            }
+        };
+        let (Ok(data), Ok(format)) = (data.cast_exact::<PyBytes>(), format.cast::<PyString>()) else {
+            return Ok(None);
+        };
+        Ok(self.held.str(format).map(|format| Chunk::Image {
+            data: self.held.bytes(data),
+            format,
+            expected_tokens,
+        }))
+    }
+
+    fn tensor(&self, td: &Bound<'py, PyAny>) -> PyResult<Part<'h, Tensor<'h>>> {
+        let fields = self.tensor_fields(td)?;
+        self.or_tinkers(fields, &self.parts.tensor_bytes, td)
+    }
+
+    /// A TensorData whose array already has its dtype and is C-contiguous,
+    /// with a shape and CSR indices (if any) of exact ints, read in tinker's
+    /// order of attributes.
+    fn tensor_fields(&self, td: &Bound<'py, PyAny>) -> PyResult<Option<Tensor<'h>>> {
+        let py = td.py();
+        let dtype = td.getattr(intern!(py, "dtype"))?;
+        let dtype = match dtype.cast::<PyString>().ok().and_then(|s| s.to_str().ok()) {
+            Some("float32") => DType::Float32,
+            Some("int64") => DType::Int64,
+            _ => return Ok(None),
+        };
+        let dims = td.getattr(intern!(py, "shape"))?;
+        let mut shape = Shape::default();
+        if !dims.is_none() && !exact_ints(&dims, |d| shape.push(d)) {
+            return Ok(None);
+        }
+        let array = td.getattr(intern!(py, "_numpy"))?;
+        let Ok(array) = array.cast_exact::<PyUntypedArray>() else {
+            return Ok(None);
+        };
+        let wanted = match dtype {
+            DType::Float32 => f32::get_dtype(py),
+            DType::Int64 => i64::get_dtype(py),
+        };
+        if !array.dtype().is_equiv_to(&wanted) || !array.is_c_contiguous() {
+            return Ok(None);
+        }
+        let values = Payload::Bytes(self.held.contiguous(array));
+        let crow_indices = td.getattr(intern!(py, "sparse_crow_indices"))?;
+        let data = if crow_indices.is_none() {
+            TensorData::Dense(values)
+        } else {
+            let col_indices = td.getattr(intern!(py, "sparse_col_indices"))?;
+            let (mut crow, mut col) = (Vec::new(), Vec::new());
+            if !exact_ints(&crow_indices, |i| crow.push(i)) || !exact_ints(&col_indices, |i| col.push(i)) {
+                return Ok(None);
+            }
+            TensorData::SparseCsr {
+                values,
+                crow_indices: Payload::Int64s(crow),
+                col_indices: Payload::Int64s(col),
+            }
+        };
+        Ok(Some(Tensor { dtype, shape, data }))
+    }
+
+    fn spans(
+        &self,
+        datum: &Bound<'py, PyAny>,
+        name: &Bound<'py, PyString>,
+        i: usize,
+    ) -> PyResult<Vec<Part<'h, Span<'h>>>> {
+        let py = datum.py();
+        let spans = at(py, datum.getattr(name), || format!("datum {i}"))?;
+        if spans.is_none() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for (k, span) in at(py, spans.try_iter(), || format!("datum {i}, {name}"))?.enumerate() {
+            let span = span.and_then(|span| self.span(&span));
+            out.push(at(py, span, || format!("datum {i}, {name}[{k}]"))?);
+        }
+        Ok(out)
+    }
+
+    fn span(&self, span: &Bound<'py, PyAny>) -> PyResult<Part<'h, Span<'h>>> {
+        let py = span.py();
+        let sampled = is_a(span, &self.parts.sampled_span)?;
+        let length = span.getattr(intern!(py, "length"))?;
+        let sequence_id = span.getattr(intern!(py, "sequence_id"))?;
+        let offset = span.getattr(intern!(py, "offset"))?;
+        let sequence_id = sequence_id.cast::<PyString>().ok().and_then(|s| self.held.str(s));
+        let fields = match (exact_int(&length), sequence_id, exact_int(&offset)) {
+            (Some(length), Some(sequence_id), Some(offset)) => Some(Span {
+                sampled,
+                sequence_id,
+                offset,
+                length,
+            }),
+            _ => None,
+        };
+        self.or_tinkers(fields, &self.parts.span_bytes, span)
+    }
+
+    /// The message read, or tinker's own bytes of `obj`.
+    fn or_tinkers<M>(
+        &self,
+        fields: Option<M>,
+        encoder: &Bound<'py, PyAny>,
+        obj: &Bound<'py, PyAny>,
+    ) -> PyResult<Part<'h, M>> {
+        match fields {
+            Some(m) => Ok(Part::Fields(m)),
+            None => Ok(Part::Encoded(
+                self.held.bytes(encoder.call1((obj,))?.cast::<PyBytes>()?),
+            )),
+        }
+    }
+
+    /// A str field's UTF-8; of anything else, what protobuf stores (or raises).
+    fn string(&self, message: &str, field: &str, value: Bound<'py, PyAny>) -> PyResult<&'h [u8]> {
+        if let Some(utf8) = value.cast::<PyString>().ok().and_then(|s| self.held.str(s)) {
+            return Ok(utf8);
+        }
+        let stored = self.stored(message, field, value)?;
+        self.utf8(stored)
+    }
+
+    fn key(&self, key: &Bound<'py, PyAny>) -> PyResult<&'h [u8]> {
+        if let Some(utf8) = key.cast::<PyString>().ok().and_then(|s| self.held.str(s)) {
+            return Ok(utf8);
+        }
+        self.utf8(self.parts.map_key.call1((key,))?)
+    }
+
+    fn stored(&self, message: &str, field: &str, value: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        self.parts.stored.call1((message, field, value))
+    }
+
+    /// A str protobuf gave back.
+    fn utf8(&self, s: Bound<'py, PyAny>) -> PyResult<&'h [u8]> {
+        let s = s.cast_into::<PyString>()?;
+        match self.held.str(&s) {
+            Some(utf8) => Ok(utf8),
+            None => Err(s.to_str().expect_err("a str without UTF-8")),
+        }
+    }
+}
+
+/// `err` again with `at` in front of its message, same class, caused by it.
+/// One whose class cannot be made from a message alone (a
+/// `UnicodeEncodeError`) gets the place as a note instead (PEP 678); a
+/// `BaseException` that is no `Exception` (`KeyboardInterrupt`) goes up as
+/// it is.
+#[cold]
+fn located(py: Python<'_>, err: PyErr, at: impl Display) -> PyErr {
+    let class = err.get_type(py);
+    let value = err.value(py);
+    if !value.is_instance_of::<PyException>() {
+        return err;
+    }
+    match class.call1((format!("{at}: {value}"),)) {
+        Ok(new) if new.is_exact_instance(&class) => {
+            let new = PyErr::from_value(new);
+            new.set_cause(py, Some(err));
+            new
+        }
+        _ => {
+            // add_note fails only on a broken exception object, which then goes up unchanged
+            let _ = value.call_method1(intern!(py, "add_note"), (format!("at {at}"),));
+            err
+        }
+    }
+}
+
+fn at<T, D: Display>(py: Python<'_>, result: PyResult<T>, place: impl FnOnce() -> D) -> PyResult<T> {
+    result.map_err(|e| located(py, e, place()))
+}
+
+/// `isinstance(obj, class)`, without a call for an object of that very class.
+fn is_a(obj: &Bound<'_, PyAny>, class: &Bound<'_, PyType>) -> PyResult<bool> {
+    if obj.get_type().is(class) {
+        return Ok(true);
+    }
+    obj.is_instance(class)
+}
+
+/// The value of an exact `int` that fits in an i64.
+fn exact_int(obj: &Bound<'_, PyAny>) -> Option<i64> {
+    obj.cast_exact::<PyInt>().ok()?.extract::<i64>().ok()
+}
+
+/// Puts each item of a list or tuple of exact ints that fit in an i64;
+/// `false` for anything else (some may have been put).
+fn exact_ints(obj: &Bound<'_, PyAny>, mut put: impl FnMut(i64)) -> bool {
+    let mut each = |item: Bound<'_, PyAny>| exact_int(&item).map(&mut put).is_some();
+    if let Ok(list) = obj.cast_exact::<PyList>() {
+        list.iter().all(&mut each)
+    } else if let Ok(tuple) = obj.cast_exact::<PyTuple>() {
+        tuple.iter().all(&mut each)
+    } else {
+        false
+    }
+}
+
+/// A mapping's `(key, value)` pairs, as `mapping.items()` gives them, into `pairs`.
+fn items<'py>(mapping: &Bound<'py, PyAny>, pairs: &mut Vec<Pair<'py>>) -> PyResult<()> {
+    if let Ok(dict) = mapping.cast_exact::<PyDict>() {
+        pairs.extend(dict.iter()); // no Python code runs while a dict is walked
+        return Ok(());
+    }
+    for pair in mapping.call_method0(intern!(mapping.py(), "items"))?.try_iter()? {
+        pairs.push(pair?.extract()?);
+    }
+    Ok(())
+}
