@@ -239,7 +239,7 @@ fn object_new<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
 /// A dataclass instance with its fields set, in order, as its `__init__`
 /// sets them: through `object.__setattr__` (frozen classes refuse their
 /// own), so Python keeps them in the instance's compact attribute storage.
-fn dataclass<'py, const N: usize>(
+pub fn dataclass<'py, const N: usize>(
     cls: &Bound<'py, PyType>,
     fields: [(&Bound<'py, PyString>, &Bound<'py, PyAny>); N],
 ) -> PyResult<Bound<'py, PyAny>> {
@@ -297,7 +297,7 @@ fn untrack_set(set: &Bound<'_, PySet>) {
 /// Takes a dict whose keys and values are all untracked off the GC's books,
 /// as CPython does itself: it tracks the dict again should a container be
 /// stored in it.
-fn untrack_dict(dict: &Bound<'_, PyDict>) {
+pub fn untrack_dict(dict: &Bound<'_, PyDict>) {
     // SAFETY: a dict is a GC object; untracking one is always allowed.
     unsafe { ffi::PyObject_GC_UnTrack(dict.as_ptr().cast()) };
 }
@@ -320,7 +320,7 @@ fn untrack_frozen(obj: &Bound<'_, PyAny>) {
 }
 
 /// Whether the GC tracks `obj` (never, for an atom).
-fn is_tracked(obj: &Bound<'_, PyAny>) -> bool {
+pub fn is_tracked(obj: &Bound<'_, PyAny>) -> bool {
     // SAFETY: `obj` is alive; the call only reads its GC state.
     unsafe { ffi::PyObject_GC_IsTracked(obj.as_ptr()) == 1 }
 }
