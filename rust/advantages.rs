@@ -1,25 +1,50 @@
 //! Group-relative advantages and reward statistics, in float64.
 
-/// Neumaier's compensated sum: exact to about one rounding of the result,
-/// where a naive sum loses digits on long groups of mixed magnitudes.
-pub fn accurate_sum(xs: &[f64]) -> f64 {
-    let mut sum = 0.0f64;
-    let mut compensation = 0.0f64;
-    for &x in xs {
-        let t = sum + x;
-        if sum.abs() >= x.abs() {
-            compensation += (sum - t) + x;
+/// Neumaier's compensated sum, one term at a time: exact to about one
+/// rounding of the result, where a naive sum loses digits on long runs of
+/// mixed magnitudes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sum {
+    sum: f64,
+    compensation: f64,
+}
+
+impl Sum {
+    pub fn add(&mut self, x: f64) {
+        let t = self.sum + x;
+        if self.sum.abs() >= x.abs() {
+            self.compensation += (self.sum - t) + x;
         } else {
-            compensation += (x - t) + sum;
+            self.compensation += (x - t) + self.sum;
         }
-        sum = t;
+        self.sum = t;
     }
-    // Past overflow the compensation is inf - inf = nan: the sum is inf.
-    if sum.is_finite() {
-        sum + compensation
-    } else {
-        sum
+
+    /// Adds what another sum holds.
+    pub fn merge(&mut self, other: Sum) {
+        self.add(other.sum);
+        // Not the nan of an overflowed sum (see `value`).
+        if other.compensation.is_finite() {
+            self.add(other.compensation);
+        }
     }
+
+    pub fn value(self) -> f64 {
+        // Past overflow the compensation is inf - inf = nan: the sum is inf.
+        if self.sum.is_finite() {
+            self.sum + self.compensation
+        } else {
+            self.sum
+        }
+    }
+}
+
+pub fn accurate_sum(xs: &[f64]) -> f64 {
+    let mut sum = Sum::default();
+    for &x in xs {
+        sum.add(x);
+    }
+    sum.value()
 }
 
 pub fn mean(xs: &[f64]) -> f64 {

@@ -2,11 +2,12 @@
 //!
 //! Plain Rust, unit-tested with `cargo test`: `plan` (where rows begin and
 //! end), `rows` (the numeric core that writes a row's columns),
-//! `advantages`, `error`, `wire` (tinker's request bytes). The PyO3 glue is
-//! the `py` folder.
+//! `advantages`, `metrics` (tinker-cookbook's per-step metrics), `error`,
+//! `wire` (tinker's request bytes). The PyO3 glue is the `py` folder.
 
 pub mod advantages;
 pub mod error;
+pub mod metrics;
 pub mod plan;
 mod py;
 pub mod rows;
@@ -35,5 +36,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(exports::py_assemble_cookbook, m)?)?;
     m.add_function(wrap_pyfunction!(exports::py_encode_forward_backward, m)?)?;
     m.add_function(wrap_pyfunction!(exports::py_panic_probe, m)?)?;
+    m.add("Unsupported", m.py().get_type::<py::step::Unsupported>())?;
+    m.add_function(wrap_pyfunction!(py::step::py_kl_sample_train, m)?)?;
+    m.add_function(wrap_pyfunction!(py::step::py_trajectory_metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(py::step::py_rollout_counts, m)?)?;
+    m.add_function(wrap_pyfunction!(py::step::py_training_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(py::step::py_datum_without_mask, m)?)?;
     Ok(())
 }

@@ -19,6 +19,12 @@ __all__ = [
     "assemble_cookbook",
     "encode_forward_backward",
     "_panic_probe",
+    "Unsupported",
+    "kl_sample_train",
+    "trajectory_metrics",
+    "rollout_counts",
+    "training_tokens",
+    "datum_without_mask",
 ]
 
 __version__: str
@@ -93,3 +99,23 @@ def assemble_cookbook(
 ) -> tuple[list[Any], list[dict[str, int]]]: ...
 def encode_forward_backward(request: Any, forward_only: Any, parts: Any) -> bytes: ...
 def _panic_probe() -> None: ...
+
+# tinker-cookbook's RL step around the data (rust/py/step.rs, python/tinker_rl_data/_step.py).
+
+class Unsupported(Exception):
+    """An input the native pass does not read exactly; the caller runs
+    tinker-cookbook's own function instead."""
+
+def kl_sample_train(
+    data: Any, training_logprobs: Any, tensor_data: type | None, torch_tensor: type | None
+) -> tuple[float, float, float]: ...
+def trajectory_metrics(
+    groups: Any,
+    taglists: Any,
+    input_classes: tuple[type, type],
+    own_total_rewards: Any,
+    numpy_numbers: tuple[type, ...],
+) -> dict[str, Any]: ...
+def rollout_counts(groups: Any, input_classes: tuple[type, type]) -> tuple[int, int, int]: ...
+def training_tokens(data: Any, input_classes: tuple[type, type]) -> int: ...
+def datum_without_mask(datum: Any, classes: tuple[type, type, type, type]) -> Any: ...

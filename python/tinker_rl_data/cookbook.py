@@ -21,8 +21,15 @@ To switch a cookbook training run, before it starts::
 
 which replaces the four functions in every loaded tinker_cookbook module that
 holds them (``rl.data_processing``, ``rl.train``, the distillation trainers),
-so modules imported later get them too. :func:`uninstall` puts the originals
-back.
+so modules imported later get them too, and with them the rest of the RL
+step's per-Datum and per-group work (``_step.py``)::
+
+    compute_kl_sample_train(data_D, training_logprobs_D)        # rl.metrics
+    compute_trajectory_metrics(trajectory_groups_P, taglist_P)  # rl.metric_util
+    remove_mask(datum)            # rl.train._remove_mask
+    rollout_usage(trajectory_groups), training_usage(data_D)    # rl.train
+
+:func:`uninstall` puts the originals back.
 
 Errors are raised where the cookbook raises them, of the same class or a
 subclass: the cookbook's ``DataValidationError`` cases and missing logprobs
@@ -36,19 +43,35 @@ No import of tinker_cookbook or torch happens at import of this module.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from typing import Any, Iterable, Sequence
 
 from . import _core
 from . import wire as _wire
+from ._step import (
+    HOMES as _STEP_HOMES,
+)
+from ._step import (
+    compute_kl_sample_train,
+    compute_trajectory_metrics,
+    remove_mask,
+    rollout_usage,
+    training_usage,
+)
 
 __all__ = [
     "assemble_training_data",
     "compute_advantages",
+    "compute_kl_sample_train",
+    "compute_trajectory_metrics",
     "install",
     "remove_constant_reward_groups",
+    "remove_mask",
+    "rollout_usage",
     "trajectory_to_data",
+    "training_usage",
     "uninstall",
 ]
 
@@ -61,8 +84,15 @@ VERIFIED_COOKBOOK_VERSION = "0.6.1"
 # cookbook's warning see ours.
 logger = logging.getLogger("tinker_cookbook.rl.data_processing")
 
-_NAMES = ("compute_advantages", "assemble_training_data", "trajectory_to_data", "remove_constant_reward_groups")
 _COOKBOOK_MODULE = "tinker_cookbook.rl.data_processing"
+#: The cookbook module each replaced function is defined in, by its name there.
+_HOMES = {
+    **dict.fromkeys(
+        ("compute_advantages", "assemble_training_data", "trajectory_to_data", "remove_constant_reward_groups"),
+        _COOKBOOK_MODULE,
+    ),
+    **_STEP_HOMES,
+}
 
 
 # --------------------------------------------------------------------------
@@ -316,7 +346,7 @@ _wire_installed = False
 
 def _ours() -> dict[str, Any]:
     module = sys.modules[__name__]
-    return {name: getattr(module, name) for name in _NAMES}
+    return {name: getattr(module, name.lstrip("_")) for name in _HOMES}
 
 
 def _cookbook_modules() -> list[Any]:
@@ -330,7 +360,7 @@ def _cookbook_modules() -> list[Any]:
 def _replace(old_by_name: dict[str, Any], new_by_name: dict[str, Any]) -> int:
     """In every loaded tinker_cookbook module, every attribute that is one of
     ``old_by_name``'s functions (under any name) becomes its counterpart."""
-    counterpart = {id(old_by_name[name]): new_by_name[name] for name in _NAMES}
+    counterpart = {id(old_by_name[name]): new_by_name[name] for name in _HOMES}
     olds = {id(f): f for f in old_by_name.values()}
     n = 0
     for module in _cookbook_modules():
@@ -349,12 +379,14 @@ def install(force: bool = False, wire: bool = True) -> None:
     tinker_rl_data's request encoder in tinker (:func:`tinker_rl_data.install`).
 
     Replaces ``compute_advantages``, ``assemble_training_data``,
-    ``trajectory_to_data`` and ``remove_constant_reward_groups`` in
-    ``tinker_cookbook.rl.data_processing`` and in every other loaded
-    tinker_cookbook module that holds them (``rl.train``,
-    ``distillation.train_on_policy``, ``distillation.sdft``, ...); modules
-    imported afterwards take them from ``rl.data_processing``. Calling it
-    again is harmless.
+    ``trajectory_to_data`` and ``remove_constant_reward_groups`` (of
+    ``rl.data_processing``), ``compute_kl_sample_train`` (``rl.metrics``),
+    ``compute_trajectory_metrics`` (``rl.metric_util``), ``_remove_mask``,
+    ``rollout_usage`` and ``training_usage`` (``rl.train``) in the module
+    that defines each and in every other loaded tinker_cookbook module that
+    holds them (``rl.train``, ``distillation.train_on_policy``,
+    ``distillation.sdft``, ...); modules imported afterwards take them from
+    there. Imports those four modules. Calling it again is harmless.
 
     Raises RuntimeError for a tinker-cookbook version other than
     ``VERIFIED_COOKBOOK_VERSION`` (whose behaviour has not been checked), or
@@ -363,8 +395,6 @@ def install(force: bool = False, wire: bool = True) -> None:
     installed.
     """
     global _wire_installed
-    import importlib
-
     import tinker_cookbook
 
     version = getattr(tinker_cookbook, "__version__", None)
@@ -377,12 +407,12 @@ def install(force: bool = False, wire: bool = True) -> None:
     if wire and not _wire.installed():
         _wire.install(force=force)  # refuses an unverified tinker before anything is replaced
         _wire_installed = True
-    data_processing = importlib.import_module(_COOKBOOK_MODULE)
+    homes = {module: importlib.import_module(module) for module in set(_HOMES.values())}
     ours = _ours()
     if not _originals:
-        current = {name: getattr(data_processing, name) for name in _NAMES}
-        if any(current[name] is ours[name] for name in _NAMES):
-            raise RuntimeError(f"{_COOKBOOK_MODULE} already holds tinker_rl_data's functions")
+        current = {name: getattr(homes[module], name) for name, module in _HOMES.items()}
+        if any(current[name] is ours[name] for name in _HOMES):
+            raise RuntimeError("tinker_cookbook already holds tinker_rl_data's functions")
         _originals.update(current)
     _replace(_originals, ours)
 

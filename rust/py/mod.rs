@@ -9,10 +9,12 @@
 //!   public constructors) and their metadata;
 //! - `gc`: the cyclic GC held off for a call; `errors`: exceptions and the
 //!   panic guard; `wire`: tinker's forward_backward request read for its
-//!   bytes; `exports`: the exported functions, thin wrappers.
+//!   bytes; `step`: the rest of tinker-cookbook's RL step around the data
+//!   (its metrics and usage counts, read from the Datums' buffers);
+//!   `exports`: the exported functions, thin wrappers.
 //!
 //! The numeric work lives outside, in plain Rust (`plan`, `rows`,
-//! `advantages`).
+//! `advantages`, `metrics`).
 
 pub mod build;
 pub mod errors;
@@ -21,4 +23,5 @@ pub mod gc;
 pub mod pipeline;
 pub mod read;
 pub mod source;
+pub mod step;
 pub mod wire;
