@@ -8,8 +8,10 @@ same call, against the floor of touching that input once
 
 Per workload, interleaved in one process (GC enabled), median of --repeats:
 ``assemble_training_data(..., model_input_tokens="numpy")`` on lists, the
-same on arrays, and the floor; then the ratios the issue sets targets for.
-``--list-model-input`` adds the default list model input on both inputs.
+same on arrays, the arrays turned into lists first (what reading
+``SampledSequence.tokens`` / ``.logprobs`` does) and then the call on
+lists, and the floor; then the ratios the issue sets targets for.
+``--list-model-input`` adds the default list model input on each input.
 """
 
 from __future__ import annotations
@@ -55,6 +57,24 @@ def as_arrays(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
     ]
 
 
+def to_lists(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
+    """What reading ``SampledSequence.tokens`` / ``.logprobs`` does: every
+    array turned into a list (``.tolist()``)."""
+    return [
+        TrajectoryGroup(
+            [
+                Trajectory(
+                    [Turn(u.prompt_tokens.tolist(), u.completion_tokens.tolist(), u.logprobs.tolist()) for u in t.turns],
+                    t.reward,
+                )
+                for t in g.trajectories
+            ],
+            g.tags,
+        )
+        for g in groups
+    ]
+
+
 def floor(groups: list[TrajectoryGroup]) -> int:
     """Touches every input array once."""
     tokens = [a for g in groups for t in g.trajectories for u in t.turns for a in (u.prompt_tokens, u.completion_tokens)]
@@ -83,9 +103,12 @@ def main() -> None:
     parser.add_argument("--list-model-input", action="store_true")
     args = parser.parse_args()
     print(f"tinker_rl_data {trd.__version__}; median of {args.repeats}, interleaved, GC enabled\n")
-    header = "| workload | lists, numpy model input | arrays, same call | floor: np.concatenate | arrays / floor | arrays / lists |"
+    header = (
+        "| workload | lists, numpy model input | arrays, same call | arrays via .tolist(), then lists "
+        "| floor: np.concatenate | arrays / floor | arrays / lists | arrays / via .tolist() |"
+    )
     print(header)
-    print("| --- " * 6 + "|")
+    print("| --- " * 8 + "|")
     extra = []
     for name in args.workload or list(WORKLOADS):
         lists = WORKLOADS[name].build()
@@ -94,25 +117,33 @@ def main() -> None:
         calls = {
             "lists": lambda: trd.assemble_training_data(lists, advantages, model_input_tokens="numpy"),
             "arrays": lambda: trd.assemble_training_data(arrays, advantages, model_input_tokens="numpy"),
+            "via tolist": lambda: trd.assemble_training_data(to_lists(arrays), advantages, model_input_tokens="numpy"),
             "floor": lambda: floor(arrays),
         }
         if args.list_model_input:
             calls["lists, list model input"] = lambda: trd.assemble_training_data(lists, advantages)
             calls["arrays, list model input"] = lambda: trd.assemble_training_data(arrays, advantages)
+            calls["via tolist, list model input"] = lambda: trd.assemble_training_data(to_lists(arrays), advantages)
         t = interleaved(calls, args.repeats)
         ms = {k: v * 1e3 for k, v in t.items()}
         print(
-            f"| {name} | {ms['lists']:.1f} ms | {ms['arrays']:.1f} ms | {ms['floor']:.1f} ms "
-            f"| {t['arrays'] / t['floor']:.2f}x | {t['arrays'] / t['lists']:.2f}x |"
+            f"| {name} | {ms['lists']:.1f} ms | {ms['arrays']:.1f} ms | {ms['via tolist']:.1f} ms | {ms['floor']:.1f} ms "
+            f"| {t['arrays'] / t['floor']:.2f}x | {t['arrays'] / t['lists']:.2f}x | {t['arrays'] / t['via tolist']:.2f}x |"
         )
         if args.list_model_input:
             extra.append(
                 f"| {name} | {ms['lists, list model input']:.1f} ms | {ms['arrays, list model input']:.1f} ms "
-                f"| {t['arrays, list model input'] / t['lists, list model input']:.2f}x |"
+                f"| {ms['via tolist, list model input']:.1f} ms "
+                f"| {t['arrays, list model input'] / t['lists, list model input']:.2f}x "
+                f"| {t['arrays, list model input'] / t['via tolist, list model input']:.2f}x |"
             )
     if extra:
         print("\nList model input (the default):\n")
-        print("| workload | lists | arrays | arrays / lists |\n| --- | --- | --- | --- |")
+        print(
+            "| workload | lists | arrays | arrays via .tolist(), then lists | arrays / lists | arrays / via .tolist() |\n"
+            + "| --- " * 6
+            + "|"
+        )
         print("\n".join(extra))
 
 

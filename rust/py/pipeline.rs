@@ -109,7 +109,7 @@ fn filled_row<'py, D: FrontDoor<'py>>(
     )?;
     let model_input = match columns.inputs.take() {
         Some(tokens) => ModelInputOut::Tokens(tokens.into_read_only().into_any()),
-        None => ModelInputOut::Chunks(input_chunks(py, traj, pieces, &zero_width, n)?),
+        None => input_chunks(py, traj, pieces, &zero_width, n)?,
     };
     let loss_inputs = door.loss_inputs(&view, columns)?;
     Ok(FilledRow {
@@ -135,19 +135,20 @@ fn input_chunks<'py>(
     pieces: &[Piece],
     zero_width: &[(usize, usize)],
     n: usize,
-) -> PyResult<Vec<ChunkOut<'py>>> {
+) -> PyResult<ModelInputOut<'py>> {
     let TrajectoryIn {
         plain,
         chunks: given,
         ints,
+        runs: run,
         ..
     } = traj;
     let elements = &plain.elements;
     let span = element_span(pieces);
-    let mut chunks = Vec::new();
+    let mut chunks = Chunks::default();
     // The current text run, as ranges of elements.
-    let mut run: Vec<Range<usize>> = Vec::new();
-    let mut flush = |run: &mut Vec<Range<usize>>, chunks: &mut Vec<ChunkOut<'py>>, last: bool| -> PyResult<()> {
+    run.clear();
+    let mut flush = |run: &mut Vec<Range<usize>>, chunks: &mut Chunks<'py>, last: bool| -> PyResult<()> {
         if !run.is_empty() {
             chunks.push(ChunkOut::Text(ints.text(py, elements, run, &span, last)?));
             run.clear();
@@ -160,7 +161,7 @@ fn input_chunks<'py>(
         let (mut i, end) = (piece.elements.start, piece.elements.end);
         while i < end && position < n {
             while let Some(&(_, id)) = zero_width.next_if(|z| z.0 == position) {
-                flush(&mut run, &mut chunks, false)?;
+                flush(run, &mut chunks, false)?;
                 chunks.push(ChunkOut::Given(given[id].clone()));
             }
             if elements[i] >= 0 {
@@ -180,7 +181,7 @@ fn input_chunks<'py>(
                 position += len;
             } else {
                 if elements[i] != CONTINUATION {
-                    flush(&mut run, &mut chunks, false)?;
+                    flush(run, &mut chunks, false)?;
                     chunks.push(ChunkOut::Given(given[(-(elements[i] + 1)) as usize].clone()));
                 }
                 i += 1;
@@ -189,11 +190,34 @@ fn input_chunks<'py>(
         }
     }
     while let Some(&(_, id)) = zero_width.next_if(|z| z.0 == position) {
-        flush(&mut run, &mut chunks, false)?;
+        flush(run, &mut chunks, false)?;
         chunks.push(ChunkOut::Given(given[id].clone()));
     }
-    flush(&mut run, &mut chunks, true)?;
-    Ok(chunks)
+    flush(run, &mut chunks, true)?;
+    Ok(match chunks {
+        Chunks { first: Some(one), rest } if rest.is_empty() => ModelInputOut::Chunk(one),
+        Chunks { first, mut rest } => {
+            rest.splice(0..0, first);
+            ModelInputOut::Chunks(rest)
+        }
+    })
+}
+
+/// A row's chunks in order, the first outside the Vec (most rows have one).
+#[derive(Default)]
+struct Chunks<'py> {
+    first: Option<ChunkOut<'py>>,
+    rest: Vec<ChunkOut<'py>>,
+}
+
+impl<'py> Chunks<'py> {
+    fn push(&mut self, chunk: ChunkOut<'py>) {
+        if self.first.is_none() {
+            self.first = Some(chunk);
+        } else {
+            self.rest.push(chunk);
+        }
+    }
 }
 
 /// `pieces` without their zero-width elements, and those as `(position in

@@ -24,6 +24,8 @@ pub use direct::untrack_list;
 /// or its chunks.
 pub enum ModelInputOut<'py> {
     Tokens(Bound<'py, PyAny>),
+    /// A single chunk, the common case (no Vec to allocate per row).
+    Chunk(ChunkOut<'py>),
     Chunks(Vec<ChunkOut<'py>>),
 }
 
@@ -169,16 +171,14 @@ impl<'py> Builder<'py> {
     pub fn datum(&self, row: FilledRow<'py>) -> PyResult<Bound<'py, PyAny>> {
         let py = self.py();
         let chunks = PyList::empty(py);
+        let append = |part: ChunkOut<'py>| match part {
+            ChunkOut::Text(tokens) => chunks.append(self.text_chunk(tokens.as_any())?),
+            ChunkOut::Given(chunk) => chunks.append(chunk),
+        };
         match row.model_input {
             ModelInputOut::Tokens(tokens) => chunks.append(self.text_chunk(&tokens)?)?,
-            ModelInputOut::Chunks(parts) => {
-                for part in parts {
-                    match part {
-                        ChunkOut::Text(tokens) => chunks.append(self.text_chunk(tokens.as_any())?)?,
-                        ChunkOut::Given(chunk) => chunks.append(chunk)?,
-                    }
-                }
-            }
+            ModelInputOut::Chunk(part) => append(part)?,
+            ModelInputOut::Chunks(parts) => parts.into_iter().try_for_each(append)?,
         }
         let classes = &self.classes;
         let model_input = if self.direct {

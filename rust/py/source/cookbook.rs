@@ -181,7 +181,10 @@ impl<'py> Cookbook<'py> {
                 &mut self.raw_logprobs,
                 &mut self.raw_is_int,
             )?;
-            out.logprobs.resize(out.plain.elements.len(), 0.0);
+            let end = out.plain.elements.len();
+            if out.logprobs.len() < end {
+                out.logprobs.resize(end, 0.0);
+            }
             let n = logprobs.len().min(n_tokens);
             for (dst, &v) in out.logprobs[mid..mid + n]
                 .iter_mut()
@@ -189,9 +192,9 @@ impl<'py> Cookbook<'py> {
             {
                 *dst = v as f32; // torch's float32, overflow to inf included
             }
+            out.logprobs[mid + n..end].fill(0.0);
             let sequence_id = ac.getattr_opt(intern!(py, "sequence_id"))?.filter(|s| !s.is_none());
             let masked = parse_error_masked(&transition, at)?;
-            let end = out.plain.elements.len();
             out.ints.end_turn(&out.plain.elements, start..mid, mid..end);
             out.plain.turns.push(TurnSpan {
                 prompt: start..mid,
@@ -293,7 +296,10 @@ impl<'py> FrontDoor<'py> for Cookbook<'py> {
                 completion: ob.end..ob.end,
             });
         }
-        traj.logprobs.resize(traj.plain.elements.len(), 0.0);
+        let n = traj.plain.elements.len();
+        if traj.logprobs.len() < n {
+            traj.logprobs.resize(n, 0.0);
+        }
         Some(ClosedBefore {
             turn: u,
             pending: self.pending_ob.is_some(),

@@ -31,13 +31,19 @@ pub struct TrajectoryIn<'py> {
     /// Its turns' elements: tokens, and non-text chunks as opaque elements
     /// (see `cookbook`).
     pub plain: Trajectory,
-    /// Parallel to the elements: each completion element's logprob.
+    /// Parallel to the elements: each completion element's logprob. Only
+    /// completion entries are written (each door writes all of them, 0.0
+    /// where none was given) and read (`rows.rs`); the others keep whatever
+    /// an earlier trajectory left, so the prompt's span is never zeroed.
     pub logprobs: Vec<f32>,
     /// The distinct non-text chunks, by id (`cookbook`).
     pub chunks: Vec<Bound<'py, PyAny>>,
     /// Whether some non-text chunk has length 0 (`cookbook`).
     pub has_zero_width: bool,
     pub ints: SharedInts<'py>,
+    /// Scratch of `pipeline::input_chunks` (a row's text runs), kept so
+    /// that a row allocates nothing for it.
+    pub runs: Vec<Range<usize>>,
     /// Its group, its index in the group, its advantage.
     pub place: Place,
 }
@@ -53,7 +59,7 @@ impl TrajectoryIn<'_> {
     /// Empty, keeping its buffers for the next trajectory.
     pub fn clear(&mut self, shared_ints: bool, merge: Merge) {
         self.plain.clear();
-        self.logprobs.clear();
+        // `logprobs` is kept as it is: see its field.
         self.chunks.clear();
         self.has_zero_width = false;
         self.ints.reset(shared_ints, merge);
