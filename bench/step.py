@@ -235,7 +235,8 @@ def fmt(result: dict) -> str:
     for piece, what in PIECES:
         p = result["pieces"][piece]
         a, b = p["shipped"], p["installed"]
-        mark = "" if piece in REPLACED else " (tinker's)"
+        ours = piece in REPLACED or (piece == "request encoding" and result["wire"])
+        mark = "" if ours else " (tinker's)"
         lines.append(
             f"| {piece}{mark}: {what} | {a * 1e3:.2f} | {a / step['shipped'] * 100:.1f}% | "
             f"{b * 1e3:.2f} | {b / step['installed'] * 100:.1f}% | {a / b:.1f}x |"
