@@ -8,6 +8,7 @@ import os
 from typing import Any, Callable
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
@@ -20,6 +21,21 @@ settings.register_profile("dev", max_examples=200, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 MAX_TOKEN = 2**31 - 1
+
+
+def cookbook_unavailable(exc: ImportError) -> None:
+    """For a test module that needs tinker-cookbook, which failed to import:
+    skip the module, or fail it when TINKER_RL_DATA_REQUIRE_COOKBOOK=1 (CI)."""
+    if os.environ.get("TINKER_RL_DATA_REQUIRE_COOKBOOK") == "1":
+        raise RuntimeError(
+            f"TINKER_RL_DATA_REQUIRE_COOKBOOK=1 but tinker_cookbook is not importable ({exc}); "
+            "run `bash scripts/install_cookbook.sh`"
+        ) from exc
+    pytest.skip(
+        f"tinker_cookbook is not importable ({exc}): the differential tests against it need "
+        "`bash scripts/install_cookbook.sh` (set TINKER_RL_DATA_REQUIRE_COOKBOOK=1 to make this an error)",
+        allow_module_level=True,
+    )
 
 tokens = st.one_of(
     st.integers(0, 1000),

@@ -14,14 +14,12 @@ absence is an error.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import pytest
 
+from conftest import cookbook_unavailable
 from test_contract import wire_bytes
-
-REQUIRE_COOKBOOK = os.environ.get("TINKER_RL_DATA_REQUIRE_COOKBOOK") == "1"
 
 try:
     import tinker_cookbook
@@ -30,16 +28,7 @@ try:
     from tinker_cookbook.rl import data_processing as cookbook
     from tinker_cookbook.rl.types import Trajectory, TrajectoryGroup, Transition
 except ImportError as exc:
-    if REQUIRE_COOKBOOK:
-        raise RuntimeError(
-            f"TINKER_RL_DATA_REQUIRE_COOKBOOK=1 but tinker_cookbook is not importable ({exc}); "
-            "run `bash scripts/install_cookbook.sh`"
-        ) from exc
-    pytest.skip(
-        f"tinker_cookbook is not importable ({exc}): the differential tests against it need "
-        "`bash scripts/install_cookbook.sh` (set TINKER_RL_DATA_REQUIRE_COOKBOOK=1 to make this an error)",
-        allow_module_level=True,
-    )
+    cookbook_unavailable(exc)
 
 import tinker
 from hypothesis import event, given

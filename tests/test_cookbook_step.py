@@ -19,12 +19,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
-import os
 
 import numpy as np
 import pytest
 
-REQUIRE_COOKBOOK = os.environ.get("TINKER_RL_DATA_REQUIRE_COOKBOOK") == "1"
+from conftest import cookbook_unavailable
 
 try:
     import tinker_cookbook
@@ -35,16 +34,7 @@ try:
     from tinker_cookbook.rl.types import Trajectory, TrajectoryGroup, Transition
     from tinker_cookbook.utils.cost_estimation import TokenUsage
 except ImportError as exc:
-    if REQUIRE_COOKBOOK:
-        raise RuntimeError(
-            f"TINKER_RL_DATA_REQUIRE_COOKBOOK=1 but tinker_cookbook is not importable ({exc}); "
-            "run `bash scripts/install_cookbook.sh`"
-        ) from exc
-    pytest.skip(
-        f"tinker_cookbook is not importable ({exc}): the differential tests against it need "
-        "`bash scripts/install_cookbook.sh` (set TINKER_RL_DATA_REQUIRE_COOKBOOK=1 to make this an error)",
-        allow_module_level=True,
-    )
+    cookbook_unavailable(exc)
 
 import tinker
 from hypothesis import event as hypothesis_event
