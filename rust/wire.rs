@@ -195,6 +195,7 @@ impl<'a> Request<'a> {
         Measured {
             request: self,
             len: sizer.len,
+            longest_payload: sizer.longest_payload,
             sizes: sizer.sizes,
         }
     }
@@ -214,12 +215,20 @@ impl<'a> Request<'a> {
 pub struct Measured<'r, 'a> {
     request: &'r Request<'a>,
     len: usize,
+    longest_payload: usize,
     sizes: Vec<usize>,
 }
 
 impl Measured<'_, '_> {
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// The longest `bytes` / `string` field body: protobuf (upb) refuses to
+    /// serialize one over `i32::MAX` bytes, though the message as a whole
+    /// may be longer.
+    pub fn longest_payload(&self) -> usize {
+        self.longest_payload
     }
 
     pub fn is_empty(&self) -> bool {
@@ -511,18 +520,28 @@ trait Sink: Sized {
 #[derive(Default)]
 struct Sizer {
     len: usize,
+    /// The longest single write of bytes: a `bytes` / `string` body (a
+    /// varint is at most 10).
+    longest_payload: usize,
     sizes: Vec<usize>,
+}
+
+impl Sizer {
+    fn add(&mut self, n: usize) {
+        self.len += n;
+        self.longest_payload = self.longest_payload.max(n);
+    }
 }
 
 impl Sink for Sizer {
     fn raw(&mut self, bytes: &[u8]) {
-        self.len += bytes.len();
+        self.add(bytes.len());
     }
     fn int32s(&mut self, values: &[i32]) {
-        self.len += values.len() * 4;
+        self.add(values.len() * 4);
     }
     fn int64s(&mut self, values: &[i64]) {
-        self.len += values.len() * 8;
+        self.add(values.len() * 8);
     }
     fn varint(&mut self, v: u64) {
         self.len += varint_len(v);

@@ -636,3 +636,16 @@ def test_cookbook_install_refuses_an_unverified_tinker_before_replacing_anything
 def test_deep_copies_encode_the_same():
     request = request_of([ok_datum(text_chunk(np.arange(4, dtype=np.int32)), target_tokens=types.TensorData.from_numpy(np.arange(4)))])
     assert encode_forward_backward(copy.deepcopy(request)) == encode_forward_backward(request) == tinkers_bytes(request)
+
+
+
+def test_a_bytes_field_over_protobufs_limit_is_refused_like_tinker():
+    # upb serializes no bytes field of 2**31 bytes or more (the request as a
+    # whole may be longer): tinker's encoder raises protobuf's EncodeError
+    # ("Failed to serialize proto"; not run here: it takes 17 GB and 90 s).
+    # The encoder refuses it with that class before allocating the result.
+    from google.protobuf.message import EncodeError
+
+    request = request_of([ok_datum(types.DmelChunk(dmel=bytes(2**31)))])
+    with pytest.raises(EncodeError, match="a bytes field of 2147483648 bytes is over protobuf's limit"):
+        encode_forward_backward(request)

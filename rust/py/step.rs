@@ -53,7 +53,8 @@ fn leave_to_cookbook(py: Python<'_>, err: PyErr) -> PyErr {
 /// A list's or tuple's items. Anything else (an iterator the cookbook's
 /// function would consume) is left to it unread.
 fn items<'py>(obj: &Bound<'py, PyAny>, what: &'static str) -> PyResult<Items<'py>> {
-    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+    // Exact types only: a subclass may iterate otherwise than its storage.
+    if obj.is_exact_instance_of::<PyList>() || obj.is_exact_instance_of::<PyTuple>() {
         Items::of(obj, what, ItemKind::Object, Location::BATCH)
     } else {
         Err(unsupported(format!(
@@ -161,10 +162,15 @@ enum Values<'a> {
 
 impl<'a> Values<'a> {
     /// `array`'s elements, when it is an aligned, contiguous 1-D float32,
-    /// float64 or int64 numpy array in native byte order. Valid while no
-    /// Python code runs. (Read from the array's header: numpy's own type
-    /// check compares dtypes by casting rules, most of a Datum's cost.)
-    fn of(array: &'a Bound<'_, PyAny>) -> Option<Self> {
+    /// float64 or int64 numpy array in native byte order. (Read from the
+    /// array's header: numpy's own type check compares dtypes by casting
+    /// rules, most of a Datum's cost.)
+    ///
+    /// # Safety
+    ///
+    /// No Python code may run while the result is alive: code that ran
+    /// could resize or free the array's memory, or write to it.
+    unsafe fn of(array: &'a Bound<'_, PyAny>) -> Option<Self> {
         let array = array.cast::<PyUntypedArray>().ok()?;
         let dtype = array.dtype();
         let aligned = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED;
@@ -300,8 +306,13 @@ fn kl_sample_train<'py>(
         let sampling = loss_input(inputs, intern!(py, "logprobs"), tensor_data, i)?;
         let mask = loss_input(inputs, intern!(py, "mask"), tensor_data, i)?;
         let training = training_array(&training.get(i)?, torch_tensor)?;
-        // No Python code runs from here to the end of the Datum's sums.
-        let (Some(s), Some(t), Some(m)) = (Values::of(&sampling), Values::of(&training), Values::of(&mask)) else {
+        // SAFETY: no Python code runs from here to the end of the Datum's
+        // sums (plain Rust over the slices; errors are made after).
+        let (Some(s), Some(t), Some(m)) = (
+            unsafe { Values::of(&sampling) },
+            unsafe { Values::of(&training) },
+            unsafe { Values::of(&mask) },
+        ) else {
             return Err(unsupported(format!(
                 "datum {i}: a tensor is not a contiguous 1-D float array"
             )));

@@ -76,9 +76,21 @@ pub fn encode_forward_backward<'py>(
     written(request.py(), &message)
 }
 
+/// The longest `bytes` field protobuf serializes (2 GiB - 1).
+const MAX_FIELD: usize = i32::MAX as usize;
+
 /// The message's bytes, in a `bytes` object allocated once at its size.
 fn written<'py>(py: Python<'py>, message: &Request<'_>) -> PyResult<Bound<'py, PyBytes>> {
     let message = message.measured();
+    if message.longest_payload() > MAX_FIELD {
+        // What tinker's encoder (upb) raises for such a field, made here
+        // before anything is allocated.
+        let error = py.import("google.protobuf.message")?.getattr("EncodeError")?;
+        return Err(PyErr::from_value(error.call1((format!(
+            "Failed to serialize proto: a bytes field of {} bytes is over protobuf's limit of {MAX_FIELD}",
+            message.longest_payload()
+        ),))?));
+    }
     let len = message.len();
     let size = isize::try_from(len).expect("request larger than isize::MAX");
     // SAFETY: with a NULL source, PyBytes_FromStringAndSize returns a new
@@ -181,7 +193,14 @@ impl<'h, 'py> Reader<'h, 'py> {
         let loss_fn = at(py, loss_fn, || "loss_fn")?;
         let (loss_fn_config, loss_fn_config_v2) = self.loss_fn_config(&input)?;
         let data = at(py, input.getattr(intern!(py, "data")), || "forward_backward_input")?;
-        let mut datums = Vec::with_capacity(data.len().unwrap_or(0));
+        // A capacity hint from exact lists and tuples only: `len()` of
+        // anything else would run user code tinker never runs.
+        let hint = if data.is_exact_instance_of::<PyList>() || data.is_exact_instance_of::<PyTuple>() {
+            data.len().unwrap_or(0)
+        } else {
+            0
+        };
+        let mut datums = Vec::with_capacity(hint);
         for (i, datum) in at(py, data.try_iter(), || "data")?.enumerate() {
             py.check_signals()?;
             let datum = at(py, datum, || "data")?;
