@@ -735,6 +735,9 @@ keep, armed = [], [True]
 class Slot:
     __slots__ = ("a",)
 
+# A collection runs at a GC allocation up to 3.11, and from 3.12 on at the
+# next Python code run (the eval breaker); both happen after the tokens were
+# read: the call's own allocations, and Python code read after them.
 class Rewriter:  # in a cycle: freed only by a collection, which runs __del__
     def __init__(self, tokens):
         self.tokens, self.me = tokens, self
@@ -753,7 +756,7 @@ def arm(tokens):
     keep.append(Slot())  # GC allocations from here on set off collections; each finalizer leaves another Rewriter
 
 class Ac:  # a cookbook action whose tokens property arms it
-    maybe_logprobs, sequence_id = [-0.5] * 4, "s"
+    sequence_id = "s"
 
     def __init__(self, tokens):
         self._tokens = tokens
@@ -762,6 +765,16 @@ class Ac:  # a cookbook action whose tokens property arms it
     def tokens(self):
         arm(self._tokens)
         return self._tokens
+
+    @property
+    def maybe_logprobs(self):  # Python code run after the tokens were read (see Half)
+        keep.append(Slot())
+        return [-0.5] * 4
+
+class Half:  # a logprob read after the tokens: Python code that allocates, where from 3.12 on a collection runs
+    def __float__(self):
+        keep.append(Slot())
+        return -0.5
 
 class Transition:
     def __init__(self, ob, ac):
@@ -773,7 +786,7 @@ class Traj:
 
 class ArmingTurn:  # an evsys turn whose prompt_tokens property arms its completion
     def __init__(self, prompt, completion):
-        self._prompt, self.completion_tokens, self.logprobs = prompt, completion, [-0.5] * len(completion)
+        self._prompt, self.completion_tokens, self.logprobs = prompt, completion, [Half()] * len(completion)
 
     @property
     def prompt_tokens(self):
