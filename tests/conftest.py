@@ -96,13 +96,18 @@ def datum_content(d):
     return out
 
 
+def _python_code() -> None:
+    """A Python function's start: where 3.12+ runs a collection that is due."""
+
+
 def young_collections(call: Callable[[], Any]) -> tuple[int, int]:
     """How many automatic collections ran inside ``call()``, and right
     after it, at the caller's first allocation (any generation: 3.14's
     incremental collector reports its young collections as generation 1).
     Exact on 3.11, where a collection runs at the allocation that sets it
-    off; from 3.12 it waits for the interpreter's next check, so one due
-    inside the call may be counted after it."""
+    off; from 3.12 it waits for the interpreter's next check (a Python
+    function's start, here), so one due inside the call may be counted
+    after it."""
     runs: list[str] = []
 
     def record(phase: str, info: dict[str, int]) -> None:
@@ -115,9 +120,10 @@ def young_collections(call: Callable[[], Any]) -> tuple[int, int]:
         result = call()  # held: freeing its objects would lower the count due
         inside = len(runs)
         made_after = set()  # the caller's first container (sets have no free list)
-        made_after.add(len(runs) - inside)
-        assert result is not None
-        return inside, made_after.pop()
+        _python_code()  # from 3.12 on, a collection due runs here, not at the allocation
+        after = len(runs) - inside
+        assert result is not None and made_after is not None
+        return inside, after
     finally:
         gc.callbacks.remove(record)
 

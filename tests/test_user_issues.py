@@ -468,8 +468,9 @@ def test_the_gc_state_is_left_as_it_was(call, enabled):
 @pytest.mark.parametrize("model_input_tokens", ["list", "numpy"])
 def test_the_young_collection_due_runs_after_the_call_not_inside_it(model_input_tokens):
     # Its cost is the same either way; inside, it would be counted as ours
-    # and walk objects the call is still making.
-    call = lambda: trd.assemble_training_data(medium_batch(), [[0.5] * 4] * 8, model_input_tokens=model_input_tokens)  # noqa: E731
+    # and walk objects the call is still making. Four batches: enough new
+    # objects for a collection to be due (3.13's first threshold is 2000).
+    call = lambda: trd.assemble_training_data(medium_batch() * 4, [[0.5] * 4] * 32, model_input_tokens=model_input_tokens)  # noqa: E731
     assert young_collections(call) == (0, 1)
 
 

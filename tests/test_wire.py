@@ -578,20 +578,20 @@ def test_install_and_uninstall_are_public_but_not_in_all():
 
 @pytest.fixture
 def fake_cookbook(monkeypatch):
-    """A stand-in tinker_cookbook 0.6.1 (rl.data_processing with the four
-    names), so cookbook.install() runs without the real package."""
+    """A stand-in tinker_cookbook 0.6.1 (each module install() replaces
+    names in, holding those names), so cookbook.install() runs without the
+    real package."""
     import sys
     import types as pytypes
 
     package = pytypes.ModuleType("tinker_cookbook")
     package.__version__ = cookbook.VERIFIED_COOKBOOK_VERSION
-    rl = pytypes.ModuleType("tinker_cookbook.rl")
-    data_processing = pytypes.ModuleType("tinker_cookbook.rl.data_processing")
-    for name in ["compute_advantages", "assemble_training_data", "trajectory_to_data", "remove_constant_reward_groups"]:
-        setattr(data_processing, name, lambda *args: None)
-    for module in (package, rl, data_processing):
+    modules = {"tinker_cookbook": package, "tinker_cookbook.rl": pytypes.ModuleType("tinker_cookbook.rl")}
+    for name, home in cookbook._HOMES.items():
+        setattr(modules.setdefault(home, pytypes.ModuleType(home)), name, lambda *args: None)
+    for module in modules.values():
         monkeypatch.setitem(sys.modules, module.__name__, module)
-    yield data_processing
+    yield modules["tinker_cookbook.rl.data_processing"]
     cookbook.uninstall()
     wire.uninstall()
 
