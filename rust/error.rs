@@ -10,6 +10,10 @@ pub enum ErrorKind {
     Type,
     /// Right kind, bad value or shape (becomes `ValueError`).
     Value,
+    /// A row tinker-cookbook's data processing rejects with its
+    /// `DataValidationError` (becomes `_core.ValidationError`, a `ValueError`
+    /// the cookbook layer raises as that class).
+    Validation,
 }
 
 /// What the API calls a trajectory's steps: evsys turns, cookbook transitions.

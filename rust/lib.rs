@@ -36,6 +36,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(exports::py_assemble_cookbook, m)?)?;
     m.add_function(wrap_pyfunction!(exports::py_encode_forward_backward, m)?)?;
     m.add_function(wrap_pyfunction!(exports::py_panic_probe, m)?)?;
+    m.add("ValidationError", m.py().get_type::<py::errors::ValidationError>())?;
     m.add("Unsupported", m.py().get_type::<py::step::Unsupported>())?;
     m.add_function(wrap_pyfunction!(py::step::py_kl_sample_train, m)?)?;
     m.add_function(wrap_pyfunction!(py::step::py_trajectory_metrics, m)?)?;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install into the current Python what tinker-cookbook 0.6.1's
+# Install into the current Python what tinker-cookbook's
 # rl.data_processing, rl.train and distillation trainers import, so that the
 # differential tests in tests/test_cookbook.py can run against the real
 # cookbook. tinker-cookbook's full dependency set cannot be installed from
@@ -10,8 +10,10 @@ set -euo pipefail
 pip_install() {
     python3 -m pip install --quiet --disable-pip-version-check "$@"
 }
-pip_install tinker torch chz pillow blobfile datasets termcolor
-pip_install --no-deps "tinker-cookbook==0.6.1"
+# The tested pairs: tinker-cookbook 0.6.1 with tinker 0.38.0 (the default),
+# 0.5.8 with 0.36.0 (TINKER_VERSION=0.36.0 COOKBOOK_VERSION=0.5.8).
+pip_install "tinker==${TINKER_VERSION:-0.38.0}" torch chz pillow blobfile datasets termcolor
+pip_install --no-deps "tinker-cookbook==${COOKBOOK_VERSION:-0.6.1}"
 python3 - <<'PY'
 import tinker_cookbook.rl.data_processing
 import tinker_cookbook.rl.train

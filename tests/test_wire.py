@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 from tinker import types
 from tinker.proto import tinker_public_pb2 as public_pb
 from tinker.proto.request_conv import forward_backward_request_to_proto
+from tinker.proto import request_conv
+from tinker.resources import training
 from tinker.resources.training import AsyncTrainingResource
 
 from conftest import groups
@@ -523,7 +525,8 @@ def test_install_makes_tinker_send_our_bytes(client_factory, compress, forward_o
 
     theirs = send(make(compress), request, forward_only)
     tinker_rl_data.install()
-    assert AsyncTrainingResource.forward_backward is not original
+    assert AsyncTrainingResource.forward_backward is original  # tinker's method runs as it is
+    assert training.forward_backward_request_to_proto is not request_conv.forward_backward_request_to_proto
     ours = send(make(compress), request, forward_only)
     assert type(ours) is type(theirs) and ours.request_id == "r2"
 
@@ -538,35 +541,47 @@ def test_install_makes_tinker_send_our_bytes(client_factory, compress, forward_o
     assert body_of(after) == expected.SerializeToString(deterministic=True)
 
     tinker_rl_data.uninstall()
-    assert AsyncTrainingResource.forward_backward is original
+    assert training.forward_backward_request_to_proto is request_conv.forward_backward_request_to_proto
     send(make(compress), request, forward_only)
     assert public_pb.ForwardBackwardRequest.FromString(body_of(sent[2])) == expected
 
 
-def test_install_twice_is_harmless_and_uninstall_restores_the_original(client_factory):
-    original = AsyncTrainingResource.forward_backward
+def test_the_installed_builder_gives_tinkers_message_to_any_other_use():
+    request = request_of([ok_datum(types.EncodedTextChunk(tokens=[1, 2, 3]))], loss_fn_config={"clip": 0.2})
     tinker_rl_data.install()
-    replaced = AsyncTrainingResource.forward_backward
+    try:
+        built = training.forward_backward_request_to_proto(request)
+        built.forward_only = True
+        assert built.SerializeToString() == tinkers_bytes(request, forward_only=True)
+        assert built.model_id == "model" and built.forward_only  # read from tinker's message
+        built.model_id = "other"  # set on it: the bytes are now that message's
+        expected = tinkers_message(request, forward_only=True)
+        expected.model_id = "other"
+        assert public_pb.ForwardBackwardRequest.FromString(built.SerializeToString()) == expected
+    finally:
+        tinker_rl_data.uninstall()
+
+
+def test_install_twice_is_harmless_and_uninstall_restores_the_original():
+    original = training.forward_backward_request_to_proto
     tinker_rl_data.install()
-    assert AsyncTrainingResource.forward_backward is replaced is not original
+    replaced = training.forward_backward_request_to_proto
+    tinker_rl_data.install()
+    assert training.forward_backward_request_to_proto is replaced is not original
     assert wire.installed()
     tinker_rl_data.uninstall()
-    assert AsyncTrainingResource.forward_backward is original
+    assert training.forward_backward_request_to_proto is original
     tinker_rl_data.uninstall()
-    assert AsyncTrainingResource.forward_backward is original and not wire.installed()
+    assert training.forward_backward_request_to_proto is original and not wire.installed()
 
 
-def test_install_refuses_an_unverified_tinker_unless_forced(client_factory, monkeypatch):
-    original = AsyncTrainingResource.forward_backward
-    assert tinker.__version__ in wire.VERIFIED_TINKER_VERSIONS == ("0.38.0",)
-    monkeypatch.setattr(tinker, "__version__", "0.39.0")
-    with pytest.raises(RuntimeError, match=r"tinker 0\.38\.0.*tinker 0\.39\.0 is installed.*force=True"):
-        tinker_rl_data.install()
-    assert AsyncTrainingResource.forward_backward is original
-    tinker_rl_data.install(force=True)
-    assert AsyncTrainingResource.forward_backward is not original
+def test_an_untested_tinker_installs_with_one_warning(monkeypatch):
+    assert tinker.__version__ in wire.VERIFIED_TINKER_VERSIONS
+    monkeypatch.setattr(tinker, "__version__", "0.99.0")
+    with pytest.warns(tinker_rl_data.InstallWarning, match=r"tinker 0\.99\.0 is not a version the tests ran against") as caught:
+        report = tinker_rl_data.install()
+    assert len(caught) == 1 and wire.installed() and len(report.installed) == 1
     tinker_rl_data.uninstall()
-    assert AsyncTrainingResource.forward_backward is original
 
 
 def test_install_and_uninstall_are_public_but_not_in_all():
@@ -574,63 +589,6 @@ def test_install_and_uninstall_are_public_but_not_in_all():
     assert tinker_rl_data.__all__ == [
         "DatumMetadata", "assemble_training_data", "compute_advantages", "compute_trajectory_metrics"
     ]
-
-
-@pytest.fixture
-def fake_cookbook(monkeypatch):
-    """A stand-in tinker_cookbook 0.6.1 (each module install() replaces
-    names in, holding those names), so cookbook.install() runs without the
-    real package."""
-    import sys
-    import types as pytypes
-
-    package = pytypes.ModuleType("tinker_cookbook")
-    package.__version__ = cookbook.VERIFIED_COOKBOOK_VERSION
-    modules = {"tinker_cookbook": package, "tinker_cookbook.rl": pytypes.ModuleType("tinker_cookbook.rl")}
-    for name, home in cookbook._HOMES.items():
-        setattr(modules.setdefault(home, pytypes.ModuleType(home)), name, lambda *args: None)
-    for module in modules.values():
-        monkeypatch.setitem(sys.modules, module.__name__, module)
-    yield modules["tinker_cookbook.rl.data_processing"]
-    cookbook.uninstall()
-    wire.uninstall()
-
-
-def test_cookbook_install_installs_the_encoder_too_and_uninstall_removes_it(fake_cookbook):
-    original = AsyncTrainingResource.forward_backward
-    cookbook.install()
-    assert fake_cookbook.assemble_training_data is cookbook.assemble_training_data
-    assert AsyncTrainingResource.forward_backward is not original
-    cookbook.uninstall()
-    assert AsyncTrainingResource.forward_backward is original
-
-
-def test_cookbook_install_without_the_encoder(fake_cookbook):
-    original = AsyncTrainingResource.forward_backward
-    cookbook.install(wire=False)
-    assert fake_cookbook.assemble_training_data is cookbook.assemble_training_data
-    assert AsyncTrainingResource.forward_backward is original
-    cookbook.uninstall()
-
-
-def test_cookbook_uninstall_leaves_an_encoder_installed_before_it(fake_cookbook):
-    tinker_rl_data.install()
-    installed = AsyncTrainingResource.forward_backward
-    cookbook.install()
-    cookbook.uninstall()
-    assert AsyncTrainingResource.forward_backward is installed
-
-
-def test_cookbook_install_refuses_an_unverified_tinker_before_replacing_anything(fake_cookbook, monkeypatch):
-    original = AsyncTrainingResource.forward_backward
-    before = fake_cookbook.assemble_training_data
-    monkeypatch.setattr(tinker, "__version__", "0.39.0")
-    with pytest.raises(RuntimeError, match=r"0\.39\.0"):
-        cookbook.install()
-    assert fake_cookbook.assemble_training_data is before
-    assert AsyncTrainingResource.forward_backward is original
-    cookbook.install(force=True)
-    assert AsyncTrainingResource.forward_backward is not original
 
 
 def test_deep_copies_encode_the_same():
@@ -649,3 +607,22 @@ def test_a_bytes_field_over_protobufs_limit_is_refused_like_tinker():
     request = request_of([ok_datum(types.DmelChunk(dmel=bytes(2**31)))])
     with pytest.raises(EncodeError, match="a bytes field of 2147483648 bytes is over protobuf's limit"):
         encode_forward_backward(request)
+
+
+def test_cookbook_install_without_tinker_cookbook_installs_the_encoder_and_says_why():
+    import subprocess
+    import sys
+
+    code = """
+import sys, warnings
+sys.modules["tinker_cookbook"] = None
+import tinker_rl_data.cookbook as c
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    report = c.install()
+assert [t for t, _ in report.installed] == ["forward_backward request bytes"], report
+assert report.left == [("tinker-cookbook pieces (9)", "tinker_cookbook is not importable")], report.left
+assert [str(w.message) for w in caught] == [
+    "tinker_rl_data: tinker-cookbook pieces (9) not installed: tinker_cookbook is not importable"], caught
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)

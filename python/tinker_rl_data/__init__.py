@@ -5,7 +5,10 @@ A drop-in for ``evsys_sdk.training.data_processing``::
     from tinker_rl_data import assemble_training_data, compute_advantages
 
 ``install()`` makes tinker send ``forward_backward`` request bytes made by
-the Rust core (:mod:`tinker_rl_data.wire`); ``uninstall()`` undoes it.
+the Rust core (:mod:`tinker_rl_data.wire`), where probes run on this machine
+find them equal to tinker's; it returns a report of what went in, and
+``status()`` gives the same later. ``uninstall()`` undoes every install.
+For a tinker-cookbook trainer, :func:`tinker_rl_data.cookbook.install`.
 
 The contract (inputs, rows, errors) is in ``docs/contract.md`` of the
 repository and in the functions' docstrings.
@@ -20,6 +23,10 @@ from .data_processing import assemble_training_data as assemble_training_data
 from .data_processing import compute_advantages as compute_advantages
 from .data_processing import compute_trajectory_metrics as compute_trajectory_metrics
 from .data_processing import remove_constant_reward_groups as remove_constant_reward_groups
+from ._patch import InstallError as InstallError
+from ._patch import InstallWarning as InstallWarning
+from ._patch import Report as Report
+from ._patch import status as status
 from .wire import install as install
 from .wire import uninstall as uninstall
 

@@ -226,7 +226,7 @@ def _choose_path() -> bool:
     if reason is None:
         logger.debug("building Datums directly: tinker's classes have the known layout")
         return True
-    logger.debug("building Datums through tinker's public constructors: %s", reason)
+    logger.info("building Datums through tinker's public constructors: %s", reason)
     return False
 
 

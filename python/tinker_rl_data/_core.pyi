@@ -20,6 +20,7 @@ __all__ = [
     "encode_forward_backward",
     "_panic_probe",
     "Unsupported",
+    "ValidationError",
     "kl_sample_train",
     "trajectory_metrics",
     "rollout_counts",
@@ -101,6 +102,10 @@ def encode_forward_backward(request: Any, forward_only: Any, parts: Any) -> byte
 def _panic_probe() -> None: ...
 
 # tinker-cookbook's RL step around the data (rust/py/step.rs, python/tinker_rl_data/_step.py).
+
+class ValidationError(ValueError):
+    """A row tinker-cookbook's data processing rejects with its
+    DataValidationError; tinker_rl_data.cookbook raises it as that class."""
 
 class Unsupported(Exception):
     """An input the native pass does not read exactly; the caller runs

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import sys
 from typing import Any, Callable, NamedTuple
 
@@ -84,12 +85,23 @@ def _tinker_classes() -> _Classes:
     return _classes
 
 
+#: The cookbook's functions as installed before ours, by name: filled by
+#: the patch layer (``_patch.py``) while ours are installed.
+ORIGINALS: dict[str, Callable[..., Any]] = {}
+
+_logger = logging.getLogger("tinker_rl_data")
+_reasons_logged: set[tuple[str, str]] = set()
+
+
 def _cookbook(name: str, why: Exception) -> Callable[..., Any]:
     """The cookbook's own function ``name`` (the original even once
-    installed), for an input the native pass leaves to it."""
-    from .cookbook import _originals
-
-    function = _originals.get(name)
+    installed), for an input the native pass leaves to it; the reason is
+    logged once per function and reason at INFO."""
+    reason = str(why)
+    if (name, reason) not in _reasons_logged:
+        _reasons_logged.add((name, reason))
+        _logger.info("tinker_rl_data: %s runs the cookbook's own function: %s", name, reason)
+    function = ORIGINALS.get(name)
     if function is None:
         try:
             function = getattr(importlib.import_module(HOMES[name]), name)

@@ -43,16 +43,13 @@ No import of tinker_cookbook or torch happens at import of this module.
 
 from __future__ import annotations
 
-import importlib
+import functools
+import inspect
 import logging
 import sys
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-from . import _core
-from . import wire as _wire
-from ._step import (
-    HOMES as _STEP_HOMES,
-)
+from ._patch import VERIFIED_VERSIONS
 from ._step import (
     compute_kl_sample_train,
     compute_trajectory_metrics,
@@ -75,24 +72,13 @@ __all__ = [
     "uninstall",
 ]
 
-#: The tinker-cookbook version whose behaviour this module reproduces and
-#: whose tests (tests/test_cookbook.py) it passes.
-VERIFIED_COOKBOOK_VERSION = "0.6.1"
+#: The tinker-cookbook versions the tests run against (``_patch.py`` holds the list).
+VERIFIED_COOKBOOK_VERSIONS = VERIFIED_VERSIONS["tinker_cookbook"]
 
 # The cookbook's own logger (``logging.getLogger(__name__)`` in its
 # rl/data_processing.py), so that filters and handlers set up for the
 # cookbook's warning see ours.
 logger = logging.getLogger("tinker_cookbook.rl.data_processing")
-
-_COOKBOOK_MODULE = "tinker_cookbook.rl.data_processing"
-#: The cookbook module each replaced function is defined in, by its name there.
-_HOMES = {
-    **dict.fromkeys(
-        ("compute_advantages", "assemble_training_data", "trajectory_to_data", "remove_constant_reward_groups"),
-        _COOKBOOK_MODULE,
-    ),
-    **_STEP_HOMES,
-}
 
 
 # --------------------------------------------------------------------------
@@ -213,6 +199,7 @@ def _assemble(
 ) -> tuple[list[Any], list[dict[str, int]]]:
     """One core call: the Datums and their metadata dicts; provenance
     attached, core errors mapped."""
+    from . import _core
     from ._build import cookbook_datums
 
     try:
@@ -220,7 +207,9 @@ def _assemble(
         # the young collection due for the new objects runs at the caller's
         # next allocation.
         return cookbook_datums(groups, advantages, include_provenance)
-    except ValueError as exc:
+    except _core.ValidationError as exc:
+        # Only the core's own DataValidationError cases: an exception raised
+        # by user code while reading passes through as it is.
         message = str(exc)
         if strip_location and message.startswith(strip_location):
             message = message[len(strip_location) :]
@@ -337,46 +326,55 @@ def trajectory_to_data(traj: Any, traj_advantage: float, include_provenance: boo
 
 
 # --------------------------------------------------------------------------
-# install / uninstall
+# install / uninstall (the patch layer, ``_patch.py``, does the work)
 
-_originals: dict[str, Any] = {}
-# Whether install() installed the request encoder (so uninstall() removes it).
-_wire_installed = False
-
-
-def _ours() -> dict[str, Any]:
-    module = sys.modules[__name__]
-    return {name: getattr(module, name.lstrip("_")) for name in _HOMES}
-
-
-def _cookbook_modules() -> list[Any]:
-    return [
-        module
-        for name, module in list(sys.modules.items())
-        if module is not None and (name == "tinker_cookbook" or name.startswith("tinker_cookbook."))
-    ]
+_OURS: dict[str, Callable[..., Any]] = {
+    "compute_advantages": compute_advantages,
+    "assemble_training_data": assemble_training_data,
+    "trajectory_to_data": trajectory_to_data,
+    "remove_constant_reward_groups": remove_constant_reward_groups,
+    "compute_kl_sample_train": compute_kl_sample_train,
+    "compute_trajectory_metrics": compute_trajectory_metrics,
+    "_remove_mask": remove_mask,
+    "rollout_usage": rollout_usage,
+    "training_usage": training_usage,
+}
 
 
-def _replace(old_by_name: dict[str, Any], new_by_name: dict[str, Any]) -> int:
-    """In every loaded tinker_cookbook module, every attribute that is one of
-    ``old_by_name``'s functions (under any name) becomes its counterpart."""
-    counterpart = {id(old_by_name[name]): new_by_name[name] for name in _HOMES}
-    olds = {id(f): f for f in old_by_name.values()}
-    n = 0
-    for module in _cookbook_modules():
-        namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
-            continue
-        for attr, value in list(namespace.items()):
-            if id(value) in olds and olds[id(value)] is value:
-                setattr(module, attr, counterpart[id(value)])
-                n += 1
-    return n
+def ours_for(original: Any) -> Any:
+    """Our replacement of the cookbook's function ``original``, fitted to its
+    signature: tinker-cookbook 0.5.x's data processing has no
+    ``include_provenance`` argument and attaches no provenance, so ours is
+    called with ``include_provenance=False`` there. Raises TypeError when
+    the parameters differ otherwise (the piece then stays out)."""
+    mine = _OURS[original.__name__]
+    theirs = list(inspect.signature(original).parameters)
+    params = list(inspect.signature(mine).parameters)
+    if "include_provenance" in params and "include_provenance" not in theirs:
+        params.remove("include_provenance")
+        if params != theirs:
+            raise TypeError(f"the cookbook's {original.__name__} takes ({', '.join(theirs)})")
+
+        @functools.wraps(mine)
+        def without_provenance(*args: Any, **kwargs: Any) -> Any:
+            return mine(*args, include_provenance=False, **kwargs)
+
+        without_provenance.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
+        return without_provenance
+    if params != theirs:
+        raise TypeError(f"the cookbook's {original.__name__} takes ({', '.join(theirs)}), ours ({', '.join(params)})")
+    return mine
 
 
-def install(force: bool = False, wire: bool = True) -> None:
-    """Use this module's functions in tinker_cookbook, and (``wire=True``)
-    tinker_rl_data's request encoder in tinker (:func:`tinker_rl_data.install`).
+def install(
+    force: bool = False,
+    wire: bool = True,
+    *,
+    strict: bool | None = None,
+) -> Any:
+    """Use this module's functions in tinker_cookbook and (``wire=True``)
+    tinker_rl_data's request encoder in tinker; returns the report (which
+    prints readably; :func:`tinker_rl_data.status` gives the same later).
 
     Replaces ``compute_advantages``, ``assemble_training_data``,
     ``trajectory_to_data`` and ``remove_constant_reward_groups`` (of
@@ -384,48 +382,38 @@ def install(force: bool = False, wire: bool = True) -> None:
     ``compute_trajectory_metrics`` (``rl.metric_util``), ``_remove_mask``,
     ``rollout_usage`` and ``training_usage`` (``rl.train``) in the module
     that defines each and in every other loaded tinker_cookbook module that
-    holds them (``rl.train``, ``distillation.train_on_policy``,
-    ``distillation.sdft``, ...); modules imported afterwards take them from
-    there. Imports those four modules. Calling it again is harmless.
+    holds the same function (``rl.train``, the distillation trainers);
+    modules imported afterwards take them from there. Imports those modules.
 
-    Raises RuntimeError for a tinker-cookbook version other than
-    ``VERIFIED_COOKBOOK_VERSION`` (whose behaviour has not been checked), or
-    with ``wire=True`` a tinker version the encoder has not been checked
-    against, unless ``force=True``; ImportError when tinker_cookbook is not
-    installed.
+    Each piece goes in only where its probe, run here on the installed
+    versions, finds ours equal to the cookbook's; a piece that fails, is
+    missing, or whose name holds a function that is not the cookbook's own
+    (a user's, a fork's wrapper) is left as it is, with one warning; a
+    version outside the tested ones whose probes pass installs with one
+    warning. Nothing here stops a run, unless ``strict=True`` (or
+    ``TINKER_RL_DATA_STRICT=1``): then :class:`tinker_rl_data.InstallError`
+    is raised and nothing is installed. ``TINKER_RL_DATA_DISABLE=1`` makes
+    it a no-op. Calling it again is harmless. ``force`` is accepted for
+    older callers and has no effect.
     """
-    global _wire_installed
-    import tinker_cookbook
+    from . import _patch
 
-    version = getattr(tinker_cookbook, "__version__", None)
-    if version != VERIFIED_COOKBOOK_VERSION and not force:
-        raise RuntimeError(
-            f"tinker_rl_data.cookbook reproduces tinker-cookbook {VERIFIED_COOKBOOK_VERSION}, "
-            f"but tinker-cookbook {version} is installed: its data processing may differ. "
-            "Call install(force=True) to use it anyway."
-        )
-    if wire and not _wire.installed():
-        _wire.install(force=force)  # refuses an unverified tinker before anything is replaced
-        _wire_installed = True
-    homes = {module: importlib.import_module(module) for module in set(_HOMES.values())}
-    ours = _ours()
-    if not _originals:
-        current = {name: getattr(homes[module], name) for name, module in _HOMES.items()}
-        if any(current[name] is ours[name] for name in _HOMES):
-            raise RuntimeError("tinker_cookbook already holds tinker_rl_data's functions")
-        _originals.update(current)
-    _replace(_originals, ours)
+    del force
+    options = {"data", "step"} | ({"wire"} if wire else set())
+    return _patch.install(options, owner=__name__, strict=strict)
 
 
 def uninstall() -> None:
-    """Put the cookbook's own functions back wherever :func:`install` (or a
-    module imported after it) placed ours, and tinker's encoder if
-    :func:`install` installed ours. Harmless when not installed."""
-    global _wire_installed
-    if _wire_installed:
-        _wire.uninstall()
-        _wire_installed = False
-    if not _originals:
-        return
-    _replace(_ours(), _originals)
-    _originals.clear()
+    """Put back what :func:`install` replaced (the cookbook's functions
+    wherever ours are, and tinker's message builder if :func:`install`
+    installed ours); an encoder installed before by
+    :func:`tinker_rl_data.install` stays. Harmless when not installed."""
+    from . import _patch
+
+    _patch.uninstall(owner=__name__)
+
+
+if __name__ == "__main__":
+    from tinker_rl_data._launch import main
+
+    sys.exit(main(sys.argv[1:]))

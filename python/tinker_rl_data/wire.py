@@ -22,18 +22,17 @@ with the same class and where it happened in front of its message
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from types import SimpleNamespace
 from typing import Any
 
 from . import _core
+from ._patch import VERIFIED_VERSIONS
 
 __all__ = ["VERIFIED_TINKER_VERSIONS", "encode_forward_backward", "install", "installed", "uninstall"]
 
-#: The tinker versions whose encoder the tests compare this one with, and
-#: whose ``forward_backward`` :func:`install` reproduces.
-VERIFIED_TINKER_VERSIONS = ("0.38.0",)
+#: The tinker versions whose encoder the tests compare this one with.
+VERIFIED_TINKER_VERSIONS = VERIFIED_VERSIONS["tinker"]
 
 
 def encode_forward_backward(request: Any, *, forward_only: bool = False) -> bytes:
@@ -101,71 +100,85 @@ def _tinker_parts() -> SimpleNamespace:
 
 
 # --------------------------------------------------------------------------
-# Sending them: tinker's AsyncTrainingResource.forward_backward
+# Sending them: the message builder tinker's forward_backward calls
 
 
-async def _forward_backward(self: Any, *, request: Any, forward_only: bool = False) -> Any:
-    # tinker 0.38's method, with this module's encoder in place of
-    # `forward_backward_request_to_proto(request)` + `SerializeToString()`.
-    from tinker.resources import training
+class _EncodedRequest:
+    """What tinker's ``AsyncTrainingResource.forward_backward`` gets from
+    ``forward_backward_request_to_proto`` once installed: it sets
+    ``forward_only`` and calls ``SerializeToString()``, which gives this
+    module's bytes. Any other use (an attribute read or set) builds tinker's
+    own message and goes to it, so the object also works as the message."""
 
-    body = encode_forward_backward(request, forward_only=forward_only)
-    headers: dict[str, str] = {"Content-Type": training._PROTO_CONTENT_TYPE}
-    if self._client._client_config.proto_compress_fwdbwd:
-        body = await asyncio.to_thread(training.zstd.ZstdCompressor().compress, body)
-        headers["Content-Encoding"] = "zstd"
+    __slots__ = ("_request", "_build", "_message", "forward_only")
 
-    return await self._post(
-        "/api/v1/forward_backward",
-        body=body,
-        options=training.make_request_options(extra_headers=headers),
-        cast_to=training.UntypedAPIFuture,
-    )
+    def __init__(self, request: Any, build: Any) -> None:
+        object.__setattr__(self, "_request", request)
+        object.__setattr__(self, "_build", build)
+        object.__setattr__(self, "_message", None)
+        object.__setattr__(self, "forward_only", False)
+
+    def SerializeToString(self, **kwargs: Any) -> bytes:  # noqa: N802 (protobuf's name)
+        if self._message is not None:
+            return self._message.SerializeToString(**kwargs)  # type: ignore[no-any-return]
+        return encode_forward_backward(self._request, forward_only=bool(self.forward_only))
+
+    def _tinkers(self) -> Any:
+        if self._message is None:
+            message = self._build(self._request)
+            message.forward_only = self.forward_only
+            object.__setattr__(self, "_message", message)
+        return self._message
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tinkers(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "forward_only":
+            object.__setattr__(self, name, value)
+            if self._message is None:
+                return
+        setattr(self._tinkers(), name, value)
 
 
-_original: Any = None
+def make_request_builder(original: Any) -> Any:
+    """The replacement of ``tinker.resources.training.forward_backward_request_to_proto``
+    (``original``): tinker's method and whatever wraps it run unchanged, and
+    the body it serializes is made by the Rust core. What the core needs of
+    tinker is resolved here, at install, not at the first request."""
+    _tinker_parts()
+
+    def forward_backward_request_to_proto(request: Any) -> Any:
+        return _EncodedRequest(request, original)
+
+    forward_backward_request_to_proto.__doc__ = original.__doc__
+    return forward_backward_request_to_proto
 
 
-def install(force: bool = False) -> None:
-    """Make tinker send request bytes made by :func:`encode_forward_backward`.
+def install(force: bool = False, *, strict: bool | None = None) -> Any:
+    """Make tinker send ``forward_backward`` request bytes made by
+    :func:`encode_forward_backward`, where its probe finds them equal to
+    tinker's own on this machine (``tinker_rl_data._patch``: the policy,
+    warnings and ``strict``). Returns the install report; calling it again
+    is harmless; :func:`uninstall` undoes it. ``force`` is accepted for
+    older callers and has no effect: no version is refused any more."""
+    from . import _patch
 
-    Replaces ``tinker.resources.training.AsyncTrainingResource.forward_backward``
-    (where every ``TrainingClient.forward_backward`` / ``forward`` call encodes
-    its requests) by tinker's own method with this encoder in it: headers,
-    zstd compression when the server asks for it, and the post stay tinker's.
-    Calling it again is harmless; :func:`uninstall` puts tinker's method back.
-
-    Raises RuntimeError for a tinker version not in ``VERIFIED_TINKER_VERSIONS``
-    (whose request may differ), unless ``force=True``.
-    """
-    global _original
-    import tinker
-    from tinker.resources.training import AsyncTrainingResource
-
-    version = getattr(tinker, "__version__", None)
-    if version not in VERIFIED_TINKER_VERSIONS and not force:
-        raise RuntimeError(
-            f"tinker_rl_data.install() reproduces the forward_backward request of tinker "
-            f"{', '.join(VERIFIED_TINKER_VERSIONS)}, but tinker {version} is installed: its request "
-            "may differ. Call install(force=True) to use it anyway."
-        )
-    if _original is None:
-        _original = AsyncTrainingResource.forward_backward
-        AsyncTrainingResource.forward_backward = _forward_backward  # type: ignore[method-assign]
+    del force
+    return _patch.install({"wire"}, owner="tinker_rl_data", strict=strict)
 
 
 def uninstall() -> None:
-    """Put tinker's own ``forward_backward`` back. Harmless when not installed."""
-    global _original
-    if _original is None:
-        return
-    from tinker.resources.training import AsyncTrainingResource
+    """Put back everything tinker_rl_data installed (this encoder, and the
+    cookbook's pieces if :func:`tinker_rl_data.cookbook.install` put them
+    in). Harmless when nothing is installed."""
+    from . import _patch
 
-    if AsyncTrainingResource.forward_backward is _forward_backward:  # not replaced since by someone else
-        AsyncTrainingResource.forward_backward = _original  # type: ignore[method-assign]
-    _original = None
+    _patch.uninstall()
 
 
 def installed() -> bool:
-    """Whether :func:`install` is in effect."""
-    return _original is not None
+    """Whether the request encoder is installed."""
+    from . import _patch
+
+    return _patch.installed("wire")

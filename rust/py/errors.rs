@@ -3,6 +3,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::PyErr;
 use pyo3::PyResult;
@@ -10,12 +11,20 @@ use pyo3::PyResult;
 use crate::error::{ErrorKind, InputError};
 use crate::rows::Unfilled;
 
+create_exception!(
+    _core,
+    ValidationError,
+    PyValueError,
+    "A row the cookbook's data processing rejects as invalid (its DataValidationError cases)."
+);
+
 impl From<InputError> for PyErr {
     #[cold]
     fn from(e: InputError) -> PyErr {
         match e.kind {
             ErrorKind::Type => PyTypeError::new_err(e.to_string()),
             ErrorKind::Value => PyValueError::new_err(e.to_string()),
+            ErrorKind::Validation => ValidationError::new_err(e.to_string()),
         }
     }
 }

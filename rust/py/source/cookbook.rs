@@ -167,7 +167,7 @@ impl<'py> Cookbook<'py> {
             };
             if logprobs.is_none() {
                 return Err(located(
-                    ErrorKind::Value,
+                    ErrorKind::Validation,
                     at,
                     "logprobs are not available (ac.maybe_logprobs is None)",
                 ));
@@ -330,11 +330,11 @@ impl<'py> FrontDoor<'py> for Cookbook<'py> {
             .map_or(0, |p| traj.plain.elements[p.elements.end - 1]);
         if last < 0 {
             let message = "the datum's last chunk must be a text chunk (images carry no loss; remove them first)";
-            return Err(located(ErrorKind::Value, at, message));
+            return Err(located(ErrorKind::Validation, at, message));
         }
         if row.row.len < 2 {
             return Err(located(
-                ErrorKind::Value,
+                ErrorKind::Validation,
                 at,
                 "need at least 2 tokens for input/target split",
             ));

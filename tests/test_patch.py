@@ -1,0 +1,399 @@
+"""The patch layer (python/tinker_rl_data/_patch.py) as a user meets it:
+install() on verified and untested versions, a fork's or a user's function
+kept, a failed install leaving nothing, strict and disabled modes, the
+report, uninstall restoring exactly, exceptions keeping their class, the
+launcher. Runs against whichever tinker / tinker-cookbook pair is installed
+(CI runs it on each tested pair)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import types as pytypes
+import warnings
+from pathlib import Path
+
+import pytest
+
+from conftest import cookbook_unavailable
+
+try:
+    import tinker_cookbook
+    import torch  # noqa: F401 (the cookbook's data processing imports it)
+    from tinker_cookbook.rl import data_processing
+    from tinker_cookbook.rl import train as rl_train
+except ImportError as exc:
+    cookbook_unavailable(exc)
+
+import tinker
+from tinker.resources import training
+
+import tinker_rl_data
+from tinker_rl_data import InstallError, InstallWarning, _patch
+from tinker_rl_data import cookbook as ours
+
+# The pieces whose name the installed versions have (0.5.x has no rollout_usage).
+PRESENT = [p for p in _patch.REGISTRY if hasattr(importlib.import_module(p.module), p.name)]
+
+
+def ours_of(name: str):
+    """What install() put in for the cookbook's ``name`` (fitted to the
+    installed version's signature: 0.5.x takes no include_provenance)."""
+    (record,) = [r for p, r in _patch._installed.items() if p.name == name]
+    return record.ours
+
+
+def expected_left(report) -> list:
+    """Pieces left for a reason that is no cause for a warning: a name the
+    installed (older) version does not have yet."""
+    return [entry for entry in report.left if "(added in " in entry[1]]
+
+
+def namespaces() -> dict[str, dict[str, int]]:
+    """Every loaded tinker / tinker_cookbook module's names and the ids of
+    what they hold: what uninstall() must give back exactly."""
+    return {
+        name: {k: id(v) for k, v in vars(m).items()}
+        for name, m in list(sys.modules.items())
+        if m is not None and name.split(".")[0] in ("tinker", "tinker_cookbook")
+    }
+
+
+@pytest.fixture
+def clean():
+    """Nothing installed before; after the test, uninstall() gives back
+    exactly the namespaces found before."""
+    for piece in _patch.REGISTRY:
+        importlib.import_module(piece.module)
+    assert not _patch.installed()
+    before = namespaces()
+    yield
+    tinker_rl_data.uninstall()
+    after = namespaces()
+    assert {k: v for k, v in after.items() if k in before} == before
+
+
+def install_quietly(**kwargs):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = ours.install(**kwargs)
+    return report, [w for w in caught if issubclass(w.category, InstallWarning)]
+
+
+def verified_pair() -> bool:
+    return (
+        tinker.__version__ in _patch.VERIFIED_VERSIONS["tinker"]
+        and tinker_cookbook.__version__ in _patch.VERIFIED_VERSIONS["tinker_cookbook"]
+    )
+
+
+# --------------------------------------------------------------------------
+# The policy
+
+
+def test_the_verified_pair_installs_every_piece_without_a_warning(clean):
+    assert verified_pair(), (tinker.__version__, tinker_cookbook.__version__)
+    report, caught = install_quietly()
+    assert caught == []
+    assert [title for title, _ in report.installed] == [p.title for p in PRESENT]
+    assert report.left == expected_left(report) and report.probe_ms > 0
+    for piece in PRESENT:
+        holder = getattr(importlib.import_module(piece.module), piece.name)
+        assert holder is _patch._installed[piece].ours
+    assert data_processing.assemble_training_data is rl_train.assemble_training_data
+    text = str(report)
+    assert f"tinker {tinker.__version__} (verified)" in text and f"installed ({len(PRESENT)})" in text
+    assert str(tinker_rl_data.status()).splitlines()[1:3] == text.splitlines()[1:3]
+
+
+@pytest.mark.parametrize("package", ["tinker", "tinker_cookbook"])
+def test_an_untested_version_whose_probes_pass_installs_with_one_warning(clean, monkeypatch, package):
+    untested = sys.modules[package].__version__ + ".post1"  # a release the tests never saw
+    monkeypatch.setattr(sys.modules[package], "__version__", untested)
+    report, caught = install_quietly()
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    message = str(caught[0].message)
+    assert f"{untested} is not a version the tests ran against" in message and "probes" in message
+    assert report.left == expected_left(report) and len(report.installed) == len(PRESENT)
+    assert f"{untested} (not in the tested versions)" in str(report)
+
+
+def fork_of(function, new_source: str):
+    """A function as a fork of the cookbook would hold it: code compiled
+    from the cookbook's own file name, defined in its module."""
+    module = sys.modules[function.__module__]
+    namespace = dict(vars(module))
+    exec(compile(textwrap.dedent(new_source), module.__file__, "exec"), namespace)
+    return namespace[function.__name__]
+
+
+def test_a_forks_changed_function_is_left_alone_and_the_rest_installed(clean, monkeypatch):
+    fork = fork_of(
+        data_processing.compute_advantages,
+        """
+        def compute_advantages(trajectory_groups_P):
+            out = []
+            for g in trajectory_groups_P:
+                r = torch.tensor(g.get_total_rewards())
+                out.append((r - r.mean()) / (r.std() + 1e-6))  # the fork normalizes
+            return out
+        """,
+    )
+    for module in (data_processing, rl_train):
+        monkeypatch.setattr(module, "compute_advantages", fork)
+    report, caught = install_quietly()
+    assert [str(w.message) for w in caught] == [f"tinker_rl_data: compute_advantages not installed: {report.left[0][1]}"]
+    assert report.left[0][0] == "compute_advantages" and "probe failed" in report.left[0][1]
+    assert report.left[1:] == expected_left(report)
+    assert data_processing.compute_advantages is fork and rl_train.compute_advantages is fork
+    assert data_processing.assemble_training_data is ours_of("assemble_training_data")
+    assert len(report.installed) == len(PRESENT) - 1
+
+
+def test_a_fork_that_changes_nothing_on_the_probes_is_installed(clean, monkeypatch):
+    fork = fork_of(
+        data_processing.compute_advantages,
+        """
+        def compute_advantages(trajectory_groups_P):
+            advantages_P = []
+            for traj_group in trajectory_groups_P:
+                rewards_G = torch.tensor(traj_group.get_total_rewards())
+                advantages_P.append(rewards_G - rewards_G.mean())
+            return advantages_P
+        """,
+    )
+    monkeypatch.setattr(data_processing, "compute_advantages", fork)
+    report, caught = install_quietly()
+    assert caught == [] and data_processing.compute_advantages is ours_of("compute_advantages")
+
+
+def test_a_users_function_in_the_home_module_is_kept(clean, monkeypatch):
+    def compute_advantages(trajectory_groups_P):  # the user's own, defined here
+        return []
+
+    monkeypatch.setattr(data_processing, "compute_advantages", compute_advantages)
+    report, caught = install_quietly()
+    assert len(caught) == 1 and "not tinker-cookbook's own: kept" in str(caught[0].message)
+    assert data_processing.compute_advantages is compute_advantages
+    assert data_processing.trajectory_to_data is ours_of("trajectory_to_data")
+
+
+def test_a_users_patch_of_one_site_is_kept(clean, monkeypatch):
+    def users_assemble(*args, **kwargs):
+        return data_processing.assemble_training_data(*args, **kwargs)
+
+    monkeypatch.setattr(rl_train, "assemble_training_data", users_assemble)
+    report, caught = install_quietly()
+    assert caught == []
+    assert rl_train.assemble_training_data is users_assemble
+    assert data_processing.assemble_training_data is ours_of("assemble_training_data")
+    assert "tinker_cookbook.rl.train.assemble_training_data" in report.kept
+    tinker_rl_data.uninstall()
+    assert rl_train.assemble_training_data is users_assemble
+
+
+def test_a_users_wrapper_of_tinkers_method_runs_and_sends_our_bytes(clean, monkeypatch):
+    from tinker.proto import tinker_public_pb2 as public_pb
+
+    from tinker_rl_data._probes import _posted_body, _requests
+
+    calls = []
+    method = training.AsyncTrainingResource.forward_backward
+
+    async def traced(self, **kwargs):
+        calls.append(kwargs["forward_only"])
+        return await method(self, **kwargs)
+
+    traced.__wrapped__ = method
+    monkeypatch.setattr(training.AsyncTrainingResource, "forward_backward", traced)
+    tinker_rl_data.install()
+    assert training.AsyncTrainingResource.forward_backward is traced
+    request, forward_only = _requests()[0]
+    body = _posted_body(traced, request, forward_only)
+    original = _patch.original("tinker.resources.training", "forward_backward_request_to_proto")
+    message = original(request)
+    message.forward_only = forward_only
+    assert calls == [forward_only]
+    assert body == message.SerializeToString(deterministic=True)
+    assert public_pb.ForwardBackwardRequest.FromString(body) == message
+
+
+def test_a_tinker_whose_method_no_longer_calls_the_builder_keeps_its_encoder(clean, monkeypatch):
+    async def forward_backward(self, *, request, forward_only=False):  # a changed tinker
+        return await self._post("/api/v1/forward_backward", body=b"", options=None, cast_to=None)
+
+    monkeypatch.setattr(training.AsyncTrainingResource, "forward_backward", forward_backward)
+    with pytest.warns(InstallWarning, match="no longer builds its message"):
+        report = tinker_rl_data.install()
+    assert report.installed == [] and not tinker_rl_data.wire.installed()
+    from tinker.proto import request_conv
+
+    assert training.forward_backward_request_to_proto is request_conv.forward_backward_request_to_proto
+
+
+def test_a_missing_name_is_left_with_a_warning(clean, monkeypatch):
+    monkeypatch.delattr(rl_train, "_remove_mask")
+    report, caught = install_quietly()
+    assert ("_remove_mask", "tinker_cookbook.rl.train has no _remove_mask") in report.left
+    assert len(caught) == 1 and len(report.installed) == len(PRESENT) - 1
+
+
+# --------------------------------------------------------------------------
+# The transaction
+
+
+class RefusingModule(pytypes.ModuleType):
+    """A loaded cookbook module holding the original whose attributes cannot
+    be set: the install fails midway through its replacements."""
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{self.__name__} is read-only")
+
+
+@pytest.fixture
+def refusing_site(monkeypatch):
+    site = RefusingModule("tinker_cookbook._test_refusing")
+    vars(site)["remove_mask"] = rl_train._remove_mask
+    monkeypatch.setitem(sys.modules, site.__name__, site)
+    return site
+
+
+def test_a_failed_install_leaves_nothing_installed(clean, refusing_site):
+    before = namespaces()
+    report, caught = install_quietly()
+    assert len(caught) == 1 and "nothing installed: AttributeError" in str(caught[0].message)
+    assert namespaces() == before and not _patch.installed()
+    assert not tinker_rl_data.wire.installed()
+    assert report.installed == []
+
+
+def test_strict_raises_and_installs_nothing(clean, refusing_site, monkeypatch):
+    before = namespaces()
+    with pytest.raises(AttributeError, match="read-only"):
+        ours.install(strict=True)
+    assert namespaces() == before
+    monkeypatch.delattr(rl_train, "_remove_mask")
+    monkeypatch.setenv("TINKER_RL_DATA_STRICT", "1")
+    with pytest.raises(InstallError, match="_remove_mask: tinker_cookbook.rl.train has no _remove_mask"):
+        ours.install()
+    assert not _patch.installed()
+
+
+def test_disabled_is_a_no_op_that_says_so(clean, monkeypatch):
+    monkeypatch.setenv("TINKER_RL_DATA_DISABLE", "1")
+    before = namespaces()
+    report = ours.install()
+    assert report.disabled and report.installed == [] and namespaces() == before
+    assert "disabled by TINKER_RL_DATA_DISABLE=1" in str(report)
+
+
+def test_install_twice_and_uninstall_by_owner(clean):
+    tinker_rl_data.install()
+    encoder = training.forward_backward_request_to_proto
+    report = ours.install()
+    assert training.forward_backward_request_to_proto is encoder and len(report.installed) == len(PRESENT)
+    ours.install()
+    ours.uninstall()  # the encoder was installed by tinker_rl_data.install(): it stays
+    assert training.forward_backward_request_to_proto is encoder
+    assert not any(p.package == "tinker_cookbook" for p in _patch._installed)
+    tinker_rl_data.uninstall()
+    assert not _patch.installed()
+
+
+def test_a_module_imported_after_install_gets_ours_and_uninstall_restores_it(clean, monkeypatch):
+    ours.install()
+    late = pytypes.ModuleType("tinker_cookbook._test_late")
+    late.assemble = data_processing.assemble_training_data  # `from ... import` after install
+    monkeypatch.setitem(sys.modules, late.__name__, late)
+    assert late.assemble is ours_of("assemble_training_data")
+    tinker_rl_data.uninstall()
+    assert late.assemble is data_processing.assemble_training_data is not ours.assemble_training_data
+
+
+# --------------------------------------------------------------------------
+# Exceptions keep their class
+
+
+class MyError(ValueError):
+    pass
+
+
+def test_a_users_exception_from_a_property_passes_through_as_it_is():
+    from tinker_rl_data._probes import _Cookbook
+
+    cookbook = _Cookbook()
+    traj = cookbook.trajectories()[0]
+
+    class Exploding:
+        def __init__(self, inner):
+            self.inner = inner
+
+        @property
+        def tokens(self):
+            raise MyError("the user's own")
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    transition = traj.transitions[0]
+    bad = cookbook.transition(ob=transition.ob, ac=Exploding(transition.ac), reward=0.0, episode_done=True)
+    group = cookbook.group([cookbook.trajectory(transitions=[bad], final_ob=cookbook.ob())], [0.0])
+    with pytest.raises(MyError, match="the user's own") as info:
+        ours.assemble_training_data([group], [[0.5]])
+    assert type(info.value) is MyError
+
+
+def test_the_cookbooks_own_error_cases_raise_its_class():
+    from tinker_cookbook.exceptions import DataValidationError
+
+    from tinker_rl_data._probes import _Cookbook
+
+    cookbook = _Cookbook()
+    short = cookbook.traj(cookbook.step(cookbook.ob(), [1]))
+    with pytest.raises(DataValidationError, match="need at least 2 tokens"):
+        ours.trajectory_to_data(short, 0.5)
+    with pytest.raises(DataValidationError, match="need at least 2 tokens"):
+        data_processing.trajectory_to_data(short, 0.5)
+
+
+# --------------------------------------------------------------------------
+# The registry is the one list; the launcher
+
+
+def test_the_readme_lists_exactly_the_registry():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    listed = re.findall(r"^\| `([\w.]+)` \| `(\w+)` \|", readme, flags=re.M)
+    assert listed == [(p.module, p.name) for p in _patch.REGISTRY]
+
+
+def test_the_launcher_installs_then_runs_a_module_with_its_arguments(tmp_path):
+    (tmp_path / "recipe_probe.py").write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import tinker_rl_data
+            from tinker_cookbook.rl import data_processing
+            from tinker_rl_data import _patch
+            assert __name__ == "__main__"
+            assert _patch.original("tinker_cookbook.rl.data_processing", "assemble_training_data") is not None
+            print("argv", sys.argv[1:], len(tinker_rl_data.status().installed))
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    args = ["-m", "recipe_probe", "model_name=x", "--flag", "-m"]
+    done = subprocess.run(
+        [sys.executable, "-m", "tinker_rl_data.cookbook", "run", *args], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"argv ['model_name=x', '--flag', '-m'] {len(PRESENT)}"
+    assert "installed (" in done.stderr
+    script = tmp_path / "recipe_probe.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "tinker_rl_data.cookbook", "run", str(script), "a"], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip() == f"argv ['a'] {len(PRESENT)}", done.stderr
