@@ -295,6 +295,7 @@ class FakeTinker:
         self.seed, self.record, self.timeout = seed, record, timeout
         self.proc: subprocess.Popen[str] | None = None
         self.base_url = ""
+        self.cpu_s = 0.0  # the service's CPU time, read when it stops
 
     def __enter__(self) -> FakeTinker:
         cmd = [sys.executable, __file__, "--seed", str(self.seed), "--timeout", str(self.timeout)]
@@ -312,6 +313,11 @@ class FakeTinker:
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
+            try:
+                fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                self.cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            except (OSError, IndexError, ValueError):
+                pass
             self.proc.terminate()
             try:
                 self.proc.wait(5)

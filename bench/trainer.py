@@ -204,6 +204,7 @@ def run_child(args: argparse.Namespace) -> None:
         "steps": steps,
         "outside": probe.outside,
         "total_s": total,
+        "server_cpu_s": fake.cpu_s,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "metrics": logged,
         "python": sys.version.split()[0],

@@ -14,10 +14,12 @@ the step's GC time. Here, while tinker-cookbook's training loop runs:
   ``young`` net new tracked objects (each scans the young objects alone);
   objects that survive one are not scanned again until the step ends;
 - at the end of each step, one full collection;
-- a guard for memory: when RSS has grown by ``max_rss_growth`` bytes since
-  the step started (or since the guard last fired), the next young
-  collection is made a collection of everything since the step started (or
-  a full one), so a step that makes much cyclic garbage stays bounded;
+- a guard for memory: when RSS has grown by ``max_rss_growth`` bytes, or
+  the objects that survived young collections number ``max_tracked``, since
+  the step started (or since the guard last fired), one full collection
+  runs early, on the training loop's event loop (a collection cannot start
+  from inside another, where the guard looks), so a step that makes much
+  cyclic garbage stays bounded;
 - when the loop returns or raises, and on :meth:`StepCollector.restore`,
   the collector's state (enabled, thresholds, frozen objects) is put back.
 
@@ -33,6 +35,7 @@ wrapper factory for each.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 import os
@@ -75,7 +78,8 @@ def _rss_reader() -> Callable[[], int] | None:
 class StepStats:
     steps: int = 0
     young_collections: int = 0  # automatic, inside steps
-    guard_collections: int = 0
+    guard_collections: int = 0  # early full collections
+    tracked_checks: int = 0  # exact counts of the objects older than young
     step_collections: int = 0  # the one at each step's end
     froze: int = 0  # objects frozen when the loop started
 
@@ -85,15 +89,23 @@ class StepCollector:
 
     ``young``: net new tracked objects between young collections inside a
     step. ``max_rss_growth``: bytes of RSS growth inside a step after which
-    the guard collects early (None: no RSS guard). ``freeze``: freeze the
-    setup's objects when the loop starts.
+    the guard collects early (None: no RSS guard). ``max_tracked``: objects
+    surviving young collections inside a step after which it does (None: no
+    such bound). ``freeze``: freeze the setup's objects when the loop starts.
     """
 
-    def __init__(self, young: int = 50_000, max_rss_growth: int | None = 512 * 2**20, freeze: bool = True) -> None:
+    def __init__(
+        self,
+        young: int = 50_000,
+        max_rss_growth: int | None = 512 * 2**20,
+        max_tracked: int | None = 4_000_000,
+        freeze: bool = True,
+    ) -> None:
         if young < 1:
             raise ValueError(f"young must be at least 1, got {young}")
         self.young = young
         self.max_rss_growth = max_rss_growth
+        self.max_tracked = max_tracked
         self.freeze = freeze
         self.stats = StepStats()
         self._lock = threading.RLock()
@@ -106,14 +118,18 @@ class StepCollector:
         self._rss = _rss_reader() if max_rss_growth is not None else None
         self._rss_base = 0
         self._last_check = 0.0
+        self._next_tracked_check = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- the loop and its steps ------------------------------------------------
 
-    def loop_started(self) -> None:
+    def loop_started(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """``loop``: where the guard's early collections run (none without)."""
         with self._lock:
             self._depth += 1
             if self._depth > 1:
                 return
+            self._loop = loop
             if not gc.isenabled():
                 # The program turned the collector off: leave it so.
                 self._passive = True
@@ -164,7 +180,7 @@ class StepCollector:
 
         @functools.wraps(original)
         async def loop(*args: Any, **kwargs: Any) -> Any:
-            self.loop_started()
+            self.loop_started(asyncio.get_running_loop())
             try:
                 return await original(*args, **kwargs)
             finally:
@@ -207,6 +223,7 @@ class StepCollector:
     def _step_started(self) -> None:
         self._guard_armed = False
         gc.set_threshold(self.young, _NEVER, _NEVER)
+        self._next_tracked_check = self.max_tracked or 0
         if self._rss is not None:
             self._rss_base = self._rss()
             self._last_check = time.monotonic()
@@ -226,31 +243,48 @@ class StepCollector:
             self._froze = False
         self._guard_armed = False
         self._passive = False
+        self._loop = None
+
+    def _guard_collect(self) -> None:
+        with self._lock:
+            if self._depth == 0 or self._passive or not self._guard_armed:
+                return
+            self._collect()
+            self.stats.guard_collections += 1
+            self._step_started()
 
     def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
-        # Runs inside the collection (any thread, GIL held): no collection
-        # can start from here, so the guard arms the next automatic one.
-        if phase != "stop" or self._own_collect or self._depth == 0:
-            return
-        if self._guard_armed:
-            self._guard_armed = False
-            self.stats.guard_collections += 1
-            gc.set_threshold(self.young, _NEVER, _NEVER)
-            if self._rss is not None:
-                self._rss_base = self._rss()
+        # Runs inside a collection (any thread, GIL held), where no other
+        # can start: the guard's collection is handed to the event loop.
+        if phase != "stop" or self._own_collect or self._depth == 0 or self._guard_armed:
             return
         self.stats.young_collections += 1
+        if self._over_bound() and self._loop is not None:
+            self._guard_armed = True
+            try:
+                self._loop.call_soon_threadsafe(self._guard_collect)
+            except RuntimeError:  # the loop is closed
+                self._guard_armed = False
+
+    def _over_bound(self) -> bool:
+        if self.max_tracked is not None:
+            # Each young collection this step promoted at most `young`
+            # objects: count them exactly only when that bound could be past.
+            if gc.get_count()[1] * self.young >= self._next_tracked_check:
+                self.stats.tracked_checks += 1
+                survivors = len(gc.get_objects(generation=1))
+                if survivors >= self.max_tracked:
+                    return True
+                self._next_tracked_check = gc.get_count()[1] * self.young + max(
+                    self.max_tracked - survivors, 4 * self.young
+                )
         if self._rss is None or self.max_rss_growth is None:
-            return
+            return False
         now = time.monotonic()
         if now - self._last_check < _RSS_CHECK_INTERVAL:
-            return
+            return False
         self._last_check = now
-        if self._rss() - self._rss_base > self.max_rss_growth:
-            self._guard_armed = True
-            # Generation 1 holds everything that survived a young collection
-            # this step; generation 2 is collected too if it is due.
-            gc.set_threshold(self.young, 0, 0)
+        return self._rss() - self._rss_base > self.max_rss_growth
 
 
 def apply(collector: StepCollector, module: Any | None = None) -> Callable[[], None]:
