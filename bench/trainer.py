@@ -72,13 +72,16 @@ class Probe:
             self._gc_start = time.perf_counter()
             return
         bucket = self.current if self.current is not None else self.outside
-        bucket["gc_ms"] += (time.perf_counter() - self._gc_start) * 1e3
+        ms = (time.perf_counter() - self._gc_start) * 1e3
+        bucket["gc_ms"] += ms
         bucket["collections"][info["generation"]] += 1
+        if info["generation"] == 2:
+            bucket["gc_full_ms"] = bucket.get("gc_full_ms", 0.0) + ms
 
     def mark(self, name: str) -> None:
         now = (time.perf_counter(), time.process_time())
         if name == "step_start":
-            self.current = {"gc_ms": 0.0, "collections": [0, 0, 0], "marks": {}}
+            self.current = {"gc_ms": 0.0, "gc_full_ms": 0.0, "collections": [0, 0, 0], "marks": {}}
             self.steps.append(self.current)
         if self.current is not None:
             self.current["marks"][name] = now
@@ -116,7 +119,7 @@ def run_child(args: argparse.Namespace) -> None:
     cost_estimation._pricing_entries = None
     register_tokenizer(MODEL, StubTokenizer)
 
-    if args.variant != "stock":
+    if args.variant != "stock":  # installed, installed+gc, installed+gc:key=value,...
         import tinker_rl_data.cookbook
 
         tinker_rl_data.cookbook.install()
@@ -159,10 +162,14 @@ def run_child(args: argparse.Namespace) -> None:
     ml_log.setup_logging = setup_logging
 
     collector = None
-    if args.variant == "installed+gc":
+    if args.variant.startswith("installed+gc"):
         from tinker_rl_data import _gc_step
 
-        collector = _gc_step.StepCollector(**json.loads(args.gc_config))
+        gc_config = json.loads(args.gc_config)
+        for item in filter(None, args.variant.partition(":")[2].split(",")):
+            key, _, value = item.partition("=")
+            gc_config[key] = None if value == "None" else int(value)
+        collector = _gc_step.StepCollector(**gc_config)
         _gc_step.apply(collector, train)
 
     workload = LOOP_WORKLOADS[args.workload]
@@ -194,6 +201,7 @@ def run_child(args: argparse.Namespace) -> None:
                 "train_wall_ms": (m["train_end"][0] - m["train_start"][0]) * 1e3,
                 "train_cpu_ms": (m["train_end"][1] - m["train_start"][1]) * 1e3,
                 "gc_ms": s["gc_ms"],
+                "gc_full_ms": s["gc_full_ms"],
                 "collections": s["collections"],
                 "rss_mb": s["rss_mb"],
             }
@@ -271,7 +279,7 @@ def med(values: list[float]) -> float:
 
 def summarize(runs: list[dict[str, Any]], skip_first: bool = True) -> dict[str, float]:
     steps = [s for r in runs for s in (r["steps"][1:] if skip_first and len(r["steps"]) > 1 else r["steps"])]
-    keys = ["wall_ms", "cpu_ms", "rollout_wall_ms", "rollout_cpu_ms", "train_wall_ms", "train_cpu_ms", "gc_ms", "rss_mb"]
+    keys = ["wall_ms", "cpu_ms", "rollout_wall_ms", "rollout_cpu_ms", "train_wall_ms", "train_cpu_ms", "gc_ms", "gc_full_ms", "rss_mb"]
     out = {k: med([s[k] for s in steps]) for k in keys}
     out["full_collections"] = med([s["collections"][2] for s in steps])
     out["young_collections"] = med([s["collections"][0] + s["collections"][1] for s in steps])
@@ -281,15 +289,15 @@ def summarize(runs: list[dict[str, Any]], skip_first: bool = True) -> dict[str, 
 
 
 def render(results: dict[str, dict[str, list[dict[str, Any]]]], checks: dict[str, dict[str, str]], args) -> str:
-    variants = [v for v in VARIANTS if any(v in r for r in results.values())]
+    variants = list(dict.fromkeys(v for r in results.values() for v in r))
     python = next(r["python"] for w in results.values() for v in w.values() for r in v)
     lines = [
         f"tinker-cookbook `rl.train.main` (sync, defaults), tinker's client, fake service on loopback; "
         f"Python {python}; {args.steps} steps per run, {args.runs} run(s) per variant, alternating; "
         "medians over steps after each run's first (ms per step)",
         "",
-        "| workload | variant | wall | ratio | client CPU | rollout CPU | train CPU | GC | collections full / young | peak RSS MB | bodies, metrics |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| workload | variant | wall | ratio | client CPU | ratio | rollout CPU | train CPU | GC (full) | collections full / young | peak RSS MB | bodies, metrics |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for name, by_variant in results.items():
         base = summarize(by_variant["stock"]) if "stock" in by_variant else None
@@ -298,9 +306,11 @@ def render(results: dict[str, dict[str, list[dict[str, Any]]]], checks: dict[str
                 continue
             s = summarize(by_variant[v])
             ratio = f"{base['wall_ms'] / s['wall_ms']:.2f}x" if base else ""
+            cpu_ratio = f"{base['cpu_ms'] / s['cpu_ms']:.2f}x" if base else ""
             lines.append(
-                f"| {name} | {v} | {s['wall_ms']:,.0f} | {ratio} | {s['cpu_ms']:,.0f} | {s['rollout_cpu_ms']:,.0f} | "
-                f"{s['train_cpu_ms']:,.0f} | {s['gc_ms']:,.0f} | {s['full_collections']:.0f} / {s['young_collections']:.0f} | "
+                f"| {name} | {v} | {s['wall_ms']:,.0f} | {ratio} | {s['cpu_ms']:,.0f} | {cpu_ratio} | {s['rollout_cpu_ms']:,.0f} | "
+                f"{s['train_cpu_ms']:,.0f} | {s['gc_ms']:,.0f} ({s['gc_full_ms']:,.0f}) | "
+                f"{s['full_collections']:.0f} / {s['young_collections']:.0f} | "
                 f"{s['peak_rss_mb']:,.0f} | {checks[name].get(v, '')} |"
             )
     return "\n".join(lines)

@@ -10,9 +10,9 @@ the step's GC time. Here, while tinker-cookbook's training loop runs:
 - once, when the loop starts (after the setup), one full collection, then
   ``gc.freeze()`` so the setup's objects are never scanned again (skipped if
   the program froze objects itself);
-- inside a step, no full collection: young collections only, and only every
-  ``young`` net new tracked objects (each scans the young objects alone);
-  objects that survive one are not scanned again until the step ends;
+- inside a step, no collection of the older generations: young collections
+  only (each scans the objects allocated since the last one); objects that
+  survive one are not scanned again until the step ends;
 - at the end of each step, one full collection;
 - a guard for memory: when RSS has grown by ``max_rss_growth`` bytes, or
   the objects that survived young collections number ``max_tracked``, since
@@ -88,7 +88,9 @@ class StepCollector:
     """Holds the collector to the trainer's step while a training loop runs.
 
     ``young``: net new tracked objects between young collections inside a
-    step. ``max_rss_growth``: bytes of RSS growth inside a step after which
+    step (None: the threshold in effect when the loop starts, 700 by
+    default; young collections free the short-lived cycles early and cost
+    little, measured larger values were slower). ``max_rss_growth``: bytes of RSS growth inside a step after which
     the guard collects early (None: no RSS guard). ``max_tracked``: objects
     surviving young collections inside a step after which it does (None: no
     such bound). ``freeze``: freeze the setup's objects when the loop starts.
@@ -96,14 +98,15 @@ class StepCollector:
 
     def __init__(
         self,
-        young: int = 50_000,
+        young: int | None = None,
         max_rss_growth: int | None = 512 * 2**20,
         max_tracked: int | None = 4_000_000,
         freeze: bool = True,
     ) -> None:
-        if young < 1:
+        if young is not None and young < 1:
             raise ValueError(f"young must be at least 1, got {young}")
-        self.young = young
+        self.young_setting = young
+        self.young = young or 1
         self.max_rss_growth = max_rss_growth
         self.max_tracked = max_tracked
         self.freeze = freeze
@@ -130,11 +133,12 @@ class StepCollector:
             if self._depth > 1:
                 return
             self._loop = loop
-            if not gc.isenabled():
+            if not gc.isenabled() or gc.get_threshold()[0] == 0:
                 # The program turned the collector off: leave it so.
                 self._passive = True
                 return
             self._saved = (gc.isenabled(), gc.get_threshold())
+            self.young = self.young_setting or max(1, gc.get_threshold()[0])
             self._collect()
             if self.freeze and gc.get_freeze_count() == 0:
                 gc.freeze()
