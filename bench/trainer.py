@@ -101,9 +101,6 @@ def _rss_reader():
 
 
 def run_child(args: argparse.Namespace) -> None:
-    import asyncio
-    import resource
-
     probe = Probe()
     os.environ["TINKER_API_KEY"] = "tml-fake-bench-key"  # the fake service takes any key
     from fake_tinker import FakeTinker
@@ -112,17 +109,12 @@ def run_child(args: argparse.Namespace) -> None:
     from tinker_cookbook.tokenizer_utils import register_tokenizer
     from tinker_cookbook.utils import cost_estimation, ml_log
 
-    from cookbook_env import LOOP_WORKLOADS, StubTokenizer, TokenDataset, TokenDatasetBuilder
+    from cookbook_env import StubTokenizer, TokenDataset
 
     # No pricing download (the run logs token counts only, as when it fails).
     cost_estimation._pricing_fetched = True
     cost_estimation._pricing_entries = None
     register_tokenizer(MODEL, StubTokenizer)
-
-    if args.variant != "stock":  # installed, installed+gc, installed+gc:key=value,...
-        import tinker_rl_data.cookbook
-
-        tinker_rl_data.cookbook.install()
 
     original_get_batch = TokenDataset.get_batch
 
@@ -161,19 +153,42 @@ def run_child(args: argparse.Namespace) -> None:
 
     ml_log.setup_logging = setup_logging
 
+    # Variants after the first (";"-separated, stock first) run in this same
+    # process, each against a fresh fake service: the test's shortcut.
+    variants = args.variant.split(";")
+    results = []
+    for i, variant in enumerate(variants):
+        record = args.record if len(variants) == 1 else str(Path(args.record) / str(i))
+        probe.steps.clear()
+        logged.clear()
+        results.append(run_variant(args, variant, record, probe, logged, train, FakeTinker))
+    Path(args.out).write_text(json.dumps(results if len(variants) > 1 else results[0]))
+
+
+def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict[str, Any]:
+    import asyncio
+    import resource
+
+    from cookbook_env import LOOP_WORKLOADS, TokenDatasetBuilder
+
+    if variant != "stock":  # installed, installed+gc, installed+gc:key=value,...
+        import tinker_rl_data.cookbook
+
+        tinker_rl_data.cookbook.install()
+
     collector = None
-    if args.variant.startswith("installed+gc"):
+    if variant.startswith("installed+gc"):
         from tinker_rl_data import _gc_step
 
         gc_config = json.loads(args.gc_config)
-        for item in filter(None, args.variant.partition(":")[2].split(",")):
+        for item in filter(None, variant.partition(":")[2].split(",")):
             key, _, value = item.partition("=")
             gc_config[key] = None if value == "None" else int(value)
         collector = _gc_step.StepCollector(**gc_config)
-        _gc_step.apply(collector, train)
+        undo = _gc_step.apply(collector, train)
 
     workload = LOOP_WORKLOADS[args.workload]
-    with tempfile.TemporaryDirectory() as log_path, FakeTinker(seed=args.seed, record=args.record) as fake:
+    with tempfile.TemporaryDirectory() as log_path, FakeTinker(seed=args.seed, record=record) as fake:
         config = train.Config(
             learning_rate=1e-5,
             dataset_builder=TokenDatasetBuilder(workload=args.workload, steps=args.steps, seed=args.seed),
@@ -184,7 +199,11 @@ def run_child(args: argparse.Namespace) -> None:
             recipe_name="bench_trainer",
         )
         t0 = time.perf_counter()
-        asyncio.run(train.main(config))
+        try:
+            asyncio.run(train.main(config))
+        finally:
+            if collector is not None:
+                undo()
         total = time.perf_counter() - t0
 
     steps = []
@@ -208,17 +227,17 @@ def run_child(args: argparse.Namespace) -> None:
         )
     out = {
         "workload": args.workload,
-        "variant": args.variant,
+        "variant": variant,
         "steps": steps,
         "outside": probe.outside,
         "total_s": total,
         "server_cpu_s": fake.cpu_s,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "metrics": logged,
+        "metrics": list(logged),
         "python": sys.version.split()[0],
         "collector": None if collector is None else vars(collector.stats),
     }
-    Path(args.out).write_text(json.dumps(out))
+    return out
 
 
 # ---------------------------------------------------------------------------
