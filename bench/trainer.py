@@ -1,0 +1,403 @@
+"""The user's trainer step: tinker-cookbook's own `rl.train.main` (default
+sync path, unmodified) with tinker's real client, against a fake tinker
+service in its own process on 127.0.0.1 that answers at once
+(bench/fake_tinker.py), so only the client's time is counted.
+
+Per workload (bench/cookbook_env.py: bench/workloads.py's shapes as a
+token-list environment, plus `tiny`), each variant runs N steps in a fresh
+process, variants alternating, --runs times:
+
+  stock         tinker-cookbook and tinker as installed
+  installed     tinker_rl_data.cookbook.install() (collector left alone)
+  installed+gc  the same, and the collector held to the step
+                (tinker_rl_data._gc_step, applied to rl.train by this script)
+
+Per step: wall and client CPU (the process's, all threads), the rollout
+phase (dataset batch to the train step) and the train phase
+(`do_train_step_and_get_sampling_client`), GC time and collections by
+generation (gc.callbacks), RSS; per run, peak RSS. The first step of each
+run is reported apart (connections, first calls); the table gives medians
+over the later steps of all runs. Every run's forward_backward bodies
+(recorded by the fake service) and logged metrics (but `time/*`) are
+compared with the first stock run's: bodies parsed as protobuf and
+re-serialized deterministically (map order is per process), metrics equal
+(integers) or within float32 rounding (floats, see docs/contract.md §9).
+
+    python bench/trainer.py [--steps N] [--runs R] [--workload NAME ...]
+                            [--variants stock,installed,installed+gc] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE)]
+
+MODEL = "fake/model-8b"
+VARIANTS = ("stock", "installed", "installed+gc")
+TARGETS = {"single_turn_long": 1.6, "many_short": 1.35, "multi_turn_agent": 1.3}
+
+
+# ---------------------------------------------------------------------------
+# one run, in its own process
+
+
+class Probe:
+    """Marks of the step's phases and the collector's work, per step."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.gc = gc
+        self.steps: list[dict[str, Any]] = []
+        self.current: dict[str, Any] | None = None
+        self.outside = {"gc_ms": 0.0, "collections": [0, 0, 0]}
+        self._gc_start = 0.0
+        self._rss = _rss_reader()
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+            return
+        bucket = self.current if self.current is not None else self.outside
+        ms = (time.perf_counter() - self._gc_start) * 1e3
+        bucket["gc_ms"] += ms
+        bucket["collections"][info["generation"]] += 1
+        if info["generation"] == 2:
+            bucket["gc_full_ms"] = bucket.get("gc_full_ms", 0.0) + ms
+
+    def mark(self, name: str) -> None:
+        now = (time.perf_counter(), time.process_time())
+        if name == "step_start":
+            self.current = {"gc_ms": 0.0, "gc_full_ms": 0.0, "collections": [0, 0, 0], "marks": {}}
+            self.steps.append(self.current)
+        if self.current is not None:
+            self.current["marks"][name] = now
+        if name == "step_end" and self.current is not None:
+            self.current["rss_mb"] = self._rss() / 2**20
+            self.current = None
+
+
+def _rss_reader():
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def read() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * page
+
+    return read
+
+
+def run_child(args: argparse.Namespace) -> None:
+    probe = Probe()
+    os.environ["TINKER_API_KEY"] = "tml-fake-bench-key"  # the fake service takes any key
+    from fake_tinker import FakeTinker
+
+    import tinker_cookbook.rl.train as train
+    from tinker_cookbook.tokenizer_utils import register_tokenizer
+    from tinker_cookbook.utils import cost_estimation, ml_log
+
+    from cookbook_env import StubTokenizer, TokenDataset
+
+    # No pricing download (the run logs token counts only, as when it fails).
+    cost_estimation._pricing_fetched = True
+    cost_estimation._pricing_entries = None
+    register_tokenizer(MODEL, StubTokenizer)
+
+    original_get_batch = TokenDataset.get_batch
+
+    def get_batch(self, index):
+        probe.mark("step_start")
+        return original_get_batch(self, index)
+
+    TokenDataset.get_batch = get_batch
+
+    original_train_step = train.do_train_step_and_get_sampling_client
+
+    async def train_step(*a, **kw):
+        probe.mark("train_start")
+        try:
+            return await original_train_step(*a, **kw)
+        finally:
+            probe.mark("train_end")
+
+    train.do_train_step_and_get_sampling_client = train_step
+
+    logged: list[dict[str, Any]] = []
+    original_setup = ml_log.setup_logging
+
+    def setup_logging(*a, **kw):
+        logger = original_setup(*a, **kw)
+        original_log = logger.log_metrics
+
+        def log_metrics(metrics, step=None, *la, **lkw):
+            if probe.current is not None and step is not None and step < args.steps:
+                logged.append({"step": step, **metrics})
+                probe.mark("step_end")
+            return original_log(metrics, step, *la, **lkw)
+
+        logger.log_metrics = log_metrics
+        return logger
+
+    ml_log.setup_logging = setup_logging
+
+    # Variants after the first (";"-separated, stock first) run in this same
+    # process, each against a fresh fake service: the test's shortcut.
+    variants = args.variant.split(";")
+    results = []
+    for i, variant in enumerate(variants):
+        record = args.record if len(variants) == 1 else str(Path(args.record) / str(i))
+        probe.steps.clear()
+        logged.clear()
+        results.append(run_variant(args, variant, record, probe, logged, train, FakeTinker))
+    Path(args.out).write_text(json.dumps(results if len(variants) > 1 else results[0]))
+
+
+def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict[str, Any]:
+    import asyncio
+    import resource
+
+    from cookbook_env import LOOP_WORKLOADS, TokenDatasetBuilder
+
+    if variant != "stock":  # installed, installed+gc, installed+gc:key=value,...
+        import tinker_rl_data.cookbook
+
+        tinker_rl_data.cookbook.install()
+
+    collector = None
+    if variant.startswith("installed+gc"):
+        from tinker_rl_data import _gc_step
+
+        gc_config = json.loads(args.gc_config)
+        for item in filter(None, variant.partition(":")[2].split(",")):
+            key, _, value = item.partition("=")
+            gc_config[key] = None if value == "None" else int(value)
+        collector = _gc_step.StepCollector(**gc_config)
+        undo = _gc_step.apply(collector, train)
+
+    workload = LOOP_WORKLOADS[args.workload]
+    with tempfile.TemporaryDirectory() as log_path, FakeTinker(seed=args.seed, record=record) as fake:
+        config = train.Config(
+            learning_rate=1e-5,
+            dataset_builder=TokenDatasetBuilder(workload=args.workload, steps=args.steps, seed=args.seed),
+            model_name=MODEL,
+            max_tokens=workload.completion,
+            log_path=log_path,
+            base_url=fake.base_url,
+            recipe_name="bench_trainer",
+        )
+        t0 = time.perf_counter()
+        try:
+            asyncio.run(train.main(config))
+        finally:
+            if collector is not None:
+                undo()
+        total = time.perf_counter() - t0
+
+    steps = []
+    for s in probe.steps:
+        m = s["marks"]
+        if "step_end" not in m:
+            continue
+        steps.append(
+            {
+                "wall_ms": (m["step_end"][0] - m["step_start"][0]) * 1e3,
+                "cpu_ms": (m["step_end"][1] - m["step_start"][1]) * 1e3,
+                "rollout_wall_ms": (m["train_start"][0] - m["step_start"][0]) * 1e3,
+                "rollout_cpu_ms": (m["train_start"][1] - m["step_start"][1]) * 1e3,
+                "train_wall_ms": (m["train_end"][0] - m["train_start"][0]) * 1e3,
+                "train_cpu_ms": (m["train_end"][1] - m["train_start"][1]) * 1e3,
+                "gc_ms": s["gc_ms"],
+                "gc_full_ms": s["gc_full_ms"],
+                "collections": s["collections"],
+                "rss_mb": s["rss_mb"],
+            }
+        )
+    out = {
+        "workload": args.workload,
+        "variant": variant,
+        "steps": steps,
+        "outside": probe.outside,
+        "total_s": total,
+        "server_cpu_s": fake.cpu_s,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "metrics": list(logged),
+        "python": sys.version.split()[0],
+        "collector": None if collector is None else vars(collector.stats),
+    }
+    return out
+
+
+# ---------------------------------------------------------------------------
+# comparing runs
+
+
+def canonical_bodies(record: Path) -> dict[str, bytes]:
+    """Each recorded forward_backward body, re-serialized deterministically."""
+    from tinker.proto import tinker_public_pb2 as pb
+
+    out = {}
+    for path in sorted(record.glob("fwdbwd-*.pb")):
+        msg = pb.ForwardBackwardRequest()
+        msg.ParseFromString(path.read_bytes())
+        out[path.name] = msg.SerializeToString(deterministic=True)
+    return out
+
+
+def compare_bodies(a: dict[str, bytes], b: dict[str, bytes]) -> str | None:
+    if a.keys() != b.keys():
+        return f"requests differ: {sorted(a)} vs {sorted(b)}"
+    for name in a:
+        if a[name] != b[name]:
+            return f"{name} differs ({len(a[name])} vs {len(b[name])} bytes)"
+    return None
+
+
+def comparable(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in metrics]
+
+
+def compare_metrics(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> str | None:
+    """None when equal: same keys, integers and strings equal, floats within
+    float32 rounding (relative 1e-5, absolute 1e-5 of a unit-size term)."""
+    a, b = comparable(a), comparable(b)
+    if len(a) != len(b):
+        return f"{len(a)} vs {len(b)} logged steps"
+    for step, (x, y) in enumerate(zip(a, b)):
+        if x.keys() != y.keys():
+            return f"step {step}: keys differ: {sorted(x.keys() ^ y.keys())}"
+        for k in x:
+            u, v = x[k], y[k]
+            if isinstance(u, float) or isinstance(v, float):
+                if not (u == v or (math.isnan(u) and math.isnan(v)) or math.isclose(u, v, rel_tol=1e-5, abs_tol=1e-5)):
+                    return f"step {step}: {k}: {u!r} vs {v!r}"
+            elif u != v:
+                return f"step {step}: {k}: {u!r} vs {v!r}"
+    return None
+
+
+# ---------------------------------------------------------------------------
+# the table
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def summarize(runs: list[dict[str, Any]], skip_first: bool = True) -> dict[str, float]:
+    steps = [s for r in runs for s in (r["steps"][1:] if skip_first and len(r["steps"]) > 1 else r["steps"])]
+    keys = ["wall_ms", "cpu_ms", "rollout_wall_ms", "rollout_cpu_ms", "train_wall_ms", "train_cpu_ms", "gc_ms", "gc_full_ms", "rss_mb"]
+    out = {k: med([s[k] for s in steps]) for k in keys}
+    out["full_collections"] = med([s["collections"][2] for s in steps])
+    out["young_collections"] = med([s["collections"][0] + s["collections"][1] for s in steps])
+    out["peak_rss_mb"] = med([r["peak_rss_mb"] for r in runs])
+    out["n_steps"] = len(steps)
+    return out
+
+
+def render(results: dict[str, dict[str, list[dict[str, Any]]]], checks: dict[str, dict[str, str]], args) -> str:
+    variants = list(dict.fromkeys(v for r in results.values() for v in r))
+    python = next(r["python"] for w in results.values() for v in w.values() for r in v)
+    lines = [
+        f"tinker-cookbook `rl.train.main` (sync, defaults), tinker's client, fake service on loopback; "
+        f"Python {python}; {args.steps} steps per run, {args.runs} run(s) per variant, alternating; "
+        "medians over steps after each run's first (ms per step)",
+        "",
+        "| workload | variant | wall | ratio | client CPU | ratio | rollout CPU | train CPU | GC (full) | collections full / young | peak RSS MB | bodies, metrics |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for name, by_variant in results.items():
+        base = summarize(by_variant["stock"]) if "stock" in by_variant else None
+        for v in variants:
+            if v not in by_variant:
+                continue
+            s = summarize(by_variant[v])
+            ratio = f"{base['wall_ms'] / s['wall_ms']:.2f}x" if base else ""
+            cpu_ratio = f"{base['cpu_ms'] / s['cpu_ms']:.2f}x" if base else ""
+            lines.append(
+                f"| {name} | {v} | {s['wall_ms']:,.0f} | {ratio} | {s['cpu_ms']:,.0f} | {cpu_ratio} | {s['rollout_cpu_ms']:,.0f} | "
+                f"{s['train_cpu_ms']:,.0f} | {s['gc_ms']:,.0f} ({s['gc_full_ms']:,.0f}) | "
+                f"{s['full_collections']:.0f} / {s['young_collections']:.0f} | "
+                f"{s['peak_rss_mb']:,.0f} | {checks[name].get(v, '')} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--workload", action="append", default=None)
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gc-config", default="{}", help="StepCollector arguments as JSON")
+    p.add_argument("--out", default=None, help="also write the table and raw results here (.md, .json)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--variant", help=argparse.SUPPRESS)
+    p.add_argument("--record", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        args.workload = args.workload[0]
+        run_child(args)
+        return
+
+    from workloads import cookbook_available
+
+    if (why := cookbook_available()) is not None:
+        sys.exit(f"tinker_cookbook is not importable ({why})")
+    names = args.workload or ["tiny", "single_turn_long", "multi_turn_agent", "many_short"]
+    variants = args.variants.split(",")
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    checks: dict[str, dict[str, str]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            results[name] = {v: [] for v in variants}
+            checks[name] = {}
+            reference: tuple[dict[str, bytes], list[dict[str, Any]]] | None = None
+            for run in range(args.runs):
+                order = variants if run % 2 == 0 else variants[::-1]
+                for v in order:
+                    record = Path(tmp) / f"{name}-{v}-{run}"
+                    out = Path(tmp) / f"{name}-{v}-{run}.json"
+                    cmd = [sys.executable, __file__, "--child", "--workload", name, "--variant", v]
+                    cmd += ["--steps", str(args.steps), "--seed", str(args.seed), "--record", str(record)]
+                    cmd += ["--out", str(out), "--gc-config", args.gc_config]
+                    t0 = time.perf_counter()
+                    proc = subprocess.run(cmd, capture_output=True, text=True)
+                    if proc.returncode != 0:
+                        sys.exit(f"{name} {v} failed:\n{proc.stderr[-4000:]}")
+                    r = json.loads(out.read_text())
+                    results[name][v].append(r)
+                    bodies = canonical_bodies(record)
+                    if reference is None:
+                        reference = (bodies, r["metrics"])
+                        verdict = f"reference ({len(bodies)} requests)"
+                    else:
+                        problems = [x for x in (compare_bodies(reference[0], bodies), compare_metrics(reference[1], r["metrics"])) if x]
+                        verdict = "; ".join(problems) if problems else f"equal ({len(bodies)} requests)"
+                    prev = checks[name].get(v)
+                    checks[name][v] = verdict if prev in (None, verdict) or prev.startswith("reference") else f"{prev}; {verdict}"
+                    walls = ", ".join(f"{s['wall_ms']:,.0f}" for s in r["steps"])
+                    print(f"{name} {v} run {run}: steps {walls} ms; {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    table = render(results, checks, args)
+    print()
+    print(table)
+    if args.out:
+        Path(args.out).with_suffix(".md").write_text(table + "\n")
+        Path(args.out).with_suffix(".json").write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
