@@ -8,8 +8,8 @@ token-list environment, plus `tiny`), each variant runs N steps in a fresh
 process, variants alternating, --runs times:
 
   stock         tinker-cookbook and tinker as installed
-  installed     tinker_rl_data.cookbook.install() (collector left alone)
-  installed+gc  the same, and the collector held to the step
+  installed     tinker_rl_data.cookbook.install(gc=None) (collector left alone)
+  installed+gc  tinker_rl_data.cookbook.install(): the collector held to the step
                 (tinker_rl_data._gc_step, applied to rl.train by this script)
 
 Per step: wall and client CPU (the process's, all threads), the rollout
@@ -62,6 +62,7 @@ class Probe:
         self.gc = gc
         self.steps: list[dict[str, Any]] = []
         self.current: dict[str, Any] | None = None
+        self.cookbook_train_step: Any = None
         self.outside = {"gc_ms": 0.0, "collections": [0, 0, 0]}
         self._gc_start = 0.0
         self._rss = _rss_reader()
@@ -124,16 +125,7 @@ def run_child(args: argparse.Namespace) -> None:
 
     TokenDataset.get_batch = get_batch
 
-    original_train_step = train.do_train_step_and_get_sampling_client
-
-    async def train_step(*a, **kw):
-        probe.mark("train_start")
-        try:
-            return await original_train_step(*a, **kw)
-        finally:
-            probe.mark("train_end")
-
-    train.do_train_step_and_get_sampling_client = train_step
+    probe.cookbook_train_step = train.do_train_step_and_get_sampling_client
 
     logged: list[dict[str, Any]] = []
     original_setup = ml_log.setup_logging
@@ -171,21 +163,37 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
 
     from cookbook_env import LOOP_WORKLOADS, TokenDatasetBuilder
 
+    # The timing hook goes around whatever install() put in: install() sees
+    # the cookbook's own function (a hook there would be kept as a user's).
+    train.do_train_step_and_get_sampling_client = probe.cookbook_train_step
+    collector = None
     if variant != "stock":  # installed, installed+gc, installed+gc:key=value,...
         import tinker_rl_data.cookbook
-
-        tinker_rl_data.cookbook.install()
-
-    collector = None
-    if variant.startswith("installed+gc"):
         from tinker_rl_data import _gc_step
 
         gc_config = json.loads(args.gc_config)
         for item in filter(None, variant.partition(":")[2].split(",")):
             key, _, value = item.partition("=")
             gc_config[key] = None if value == "None" else int(value)
-        collector = _gc_step.StepCollector(**gc_config)
-        undo = _gc_step.apply(collector, train)
+        if variant == "installed+gc" and not gc_config:
+            tinker_rl_data.cookbook.install()  # the default: the collector held to the step
+            collector = _gc_step.COLLECTOR
+        else:
+            tinker_rl_data.cookbook.install(gc=None)
+            if variant.startswith("installed+gc"):
+                collector = _gc_step.StepCollector(**gc_config)
+                undo = _gc_step.apply(collector, train)
+
+    inner_train_step = train.do_train_step_and_get_sampling_client
+
+    async def train_step(*a, **kw):
+        probe.mark("train_start")
+        try:
+            return await inner_train_step(*a, **kw)
+        finally:
+            probe.mark("train_end")
+
+    train.do_train_step_and_get_sampling_client = train_step
 
     workload = LOOP_WORKLOADS[args.workload]
     with tempfile.TemporaryDirectory() as log_path, FakeTinker(seed=args.seed, record=record) as fake:
@@ -202,7 +210,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
         try:
             asyncio.run(train.main(config))
         finally:
-            if collector is not None:
+            if collector is not None and collector is not _gc_step.COLLECTOR:
                 undo()
         total = time.perf_counter() - t0
 

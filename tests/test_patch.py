@@ -397,3 +397,22 @@ def test_the_launcher_installs_then_runs_a_module_with_its_arguments(tmp_path):
         [sys.executable, "-m", "tinker_rl_data.cookbook", "run", str(script), "a"], capture_output=True, text=True
     )
     assert done.returncode == 0 and done.stdout.strip() == f"argv ['a'] {len(PRESENT)}", done.stderr
+
+
+def test_the_gc_pieces_go_in_by_default_and_gc_none_leaves_the_collector_alone(clean):
+    import gc
+
+    from tinker_rl_data import _gc_step
+
+    names = [p.name for p in _patch.REGISTRY if p.option == "gc"]
+    originals = {name: getattr(rl_train, name) for name in names}
+    ours.install(gc=None)
+    assert all(getattr(rl_train, name) is originals[name] for name in names)
+    tinker_rl_data.uninstall()
+    state = (gc.isenabled(), gc.get_threshold())
+    ours.install()
+    for name in names:
+        assert getattr(rl_train, name).__wrapped__ is originals[name]
+    tinker_rl_data.uninstall()
+    assert all(getattr(rl_train, name) is originals[name] for name in names)
+    assert (gc.isenabled(), gc.get_threshold()) == state and not _gc_step.COLLECTOR.active

@@ -314,3 +314,32 @@ def apply(collector: StepCollector, module: Any | None = None) -> Callable[[], N
 
     return undo
 
+
+
+#: The collector ``cookbook.install()`` (``gc=True``) holds to the step.
+COLLECTOR = StepCollector()
+
+
+def make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The patch layer's ``make``: :data:`COLLECTOR`'s wrapper of
+    ``rl.train``'s loop or step function ``original``."""
+    return COLLECTOR.make_wrapper(original.__name__)(original)
+
+
+def probe_wrapper(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    """The wrappers change when the collector runs, nothing else: what the
+    probe checks is that the cookbook's function is still what they wrap
+    (a coroutine function, as the loop awaits it)."""
+    import inspect
+
+    from ._probes import ProbeFailed
+
+    if not (inspect.iscoroutinefunction(original) and inspect.iscoroutinefunction(ours)):
+        raise ProbeFailed(f"{original.__name__} is no longer a coroutine function")
+    if ours.__wrapped__ is not original:  # type: ignore[attr-defined]
+        raise ProbeFailed("the wrapper does not call the cookbook's function")
+
+
+def uninstalled() -> None:
+    """The patch layer's ``undo``: the collector's state back."""
+    COLLECTOR.restore()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import runpy
 import sys
 
-USAGE = """usage: python -m tinker_rl_data.cookbook run [--no-wire] [--strict] (-m MODULE | SCRIPT) [ARGS ...]
+USAGE = """usage: python -m tinker_rl_data.cookbook run [--no-wire] [--no-gc] [--strict] (-m MODULE | SCRIPT) [ARGS ...]
 
 Installs tinker_rl_data into tinker-cookbook (tinker_rl_data.cookbook.install()),
 prints what it installed to stderr, then runs MODULE (as `python -m MODULE`) or
@@ -23,19 +23,20 @@ def main(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     args = argv[1:]
-    options = {"wire": True, "strict": None}
-    while args and args[0] in ("--no-wire", "--strict"):
-        if args.pop(0) == "--no-wire":
-            options["wire"] = False
-        else:
+    options: dict[str, bool | None] = {"wire": True, "gc": True, "strict": None}
+    while args and args[0] in ("--no-wire", "--no-gc", "--strict"):
+        flag = args.pop(0)
+        if flag == "--strict":
             options["strict"] = True
+        else:
+            options[flag[5:]] = False if flag == "--no-wire" else None
     if not args or (args[0] == "-m" and len(args) < 2):
         print(USAGE, file=sys.stderr)
         return 2
 
     from tinker_rl_data import cookbook
 
-    report = cookbook.install(wire=bool(options["wire"]), strict=options["strict"])
+    report = cookbook.install(wire=bool(options["wire"]), gc=options["gc"], strict=options["strict"])
     print(report, file=sys.stderr)
     if args[0] == "-m":
         module, rest = args[1], args[2:]

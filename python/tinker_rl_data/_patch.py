@@ -63,7 +63,7 @@ class Piece:
     ``make`` and ``probe`` are ``"module:function"`` references in this
     package, imported when the piece is installed. ``since``: the first
     release of the package with the name (an older one without it is no
-    cause for a warning).
+    cause for a warning). ``undo``: a reference called at uninstall.
     """
 
     package: str
@@ -76,6 +76,7 @@ class Piece:
     spread: bool = True
     label: str = ""
     since: str = ""
+    undo: str = ""
 
     @property
     def title(self) -> str:
@@ -123,6 +124,27 @@ REGISTRY: tuple[Piece, ...] = (
     *(
         _cookbook_piece("rl.train", name, "step", ".cookbook:ours_for", since="0.6.1")
         for name in ("rollout_usage", "training_usage")
+    ),
+    # The GC held to the step: the training loops and their once-per-step
+    # functions wrapped (``_gc_step.py``).
+    *(
+        Piece(
+            "tinker_cookbook",
+            "tinker_cookbook.rl.train",
+            name,
+            "gc",
+            "._gc_step:make_wrapper",
+            "._gc_step:probe_wrapper",
+            label=f"GC held to the step: {name}",
+            undo="._gc_step:uninstalled",
+        )
+        for name in (
+            "do_sync_training",
+            "do_async_training",
+            "do_sync_training_with_stream_minibatch",
+            "do_train_step_and_get_sampling_client",
+            "do_train_step_streaming_and_get_sampling_client",
+        )
     ),
 )
 
@@ -255,17 +277,17 @@ def _package_modules(package: str) -> Iterator[Any]:
 
 
 def _is_own(function: Any, piece: Piece) -> bool:
-    """Whether ``function`` is code of the installed package's own files,
-    defined in the module it should be (not a user's or another library's
-    function put there, wrapped or not)."""
+    """Whether ``function`` is the installed package's own: defined in the
+    module it should be, its code in one of the package's files (the
+    package's own decorators included), not a user's or another library's
+    function put there, wrapped or not."""
     code = getattr(function, "__code__", None)
-    defined_in = sys.modules.get(piece.defined_in or piece.module)
-    source = getattr(defined_in, "__file__", None)
+    package = sys.modules.get(piece.package)
+    root = os.path.dirname(os.path.realpath(getattr(package, "__file__", None) or "/nonexistent/x"))
     return (
         code is not None
-        and source is not None
         and getattr(function, "__module__", None) == (piece.defined_in or piece.module)
-        and os.path.realpath(code.co_filename) == os.path.realpath(source)
+        and os.path.realpath(code.co_filename).startswith(root + os.sep)
     )
 
 
@@ -432,6 +454,8 @@ def uninstall(owner: str | None = None) -> None:
                 if value is record.ours:
                     setattr(module, attr, record.original)
         del _installed[piece]
+        if piece.undo:
+            _resolve(piece.undo)()
     _originals_changed()
 
 

@@ -370,6 +370,7 @@ def install(
     force: bool = False,
     wire: bool = True,
     *,
+    gc: bool | None = True,
     strict: bool | None = None,
 ) -> Any:
     """Use this module's functions in tinker_cookbook and (``wire=True``)
@@ -385,6 +386,15 @@ def install(
     holds the same function (``rl.train``, the distillation trainers);
     modules imported afterwards take them from there. Imports those modules.
 
+    ``gc=True`` (the default) holds Python's cyclic collector to the
+    trainer's step (``_gc_step.py``): while ``rl.train``'s training loop
+    runs, the setup's objects are frozen once, only young collections run
+    inside a step and one full collection at its end; a guard collects
+    early when RSS grows by 512 MiB or 4 M objects survive within a step;
+    the collector's state is put back when the loop ends or raises, and on
+    :func:`uninstall`. It changes when the collector runs, not what is
+    computed or sent. ``gc=None`` (or False) leaves the collector alone.
+
     Each piece goes in only where its probe, run here on the installed
     versions, finds ours equal to the cookbook's; a piece that fails, is
     missing, or whose name holds a function that is not the cookbook's own
@@ -399,7 +409,7 @@ def install(
     from . import _patch
 
     del force
-    options = {"data", "step"} | ({"wire"} if wire else set())
+    options = {"data", "step"} | ({"wire"} if wire else set()) | ({"gc"} if gc else set())
     return _patch.install(options, owner=__name__, strict=strict)
 
 
