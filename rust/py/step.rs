@@ -11,19 +11,18 @@
 //! exceptions are always the cookbook's. Only lists and tuples are read, so
 //! an iterator is left unconsumed for it.
 
-use numpy::npyffi::{NPY_ARRAY_ALIGNED, NPY_ARRAY_C_CONTIGUOUS};
-use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::PyUntypedArray;
 use pyo3::exceptions::PyException;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyBool, PyDict, PyString, PyTuple, PyType};
 
 use crate::error::{Location, StepName};
 use crate::metrics::{summarize, GroupStats, KeyedSums, KlSums, Number, Real, RewardSum, Summary};
 use crate::py::build::direct::{dataclass, is_tracked, untrack_dict};
 use crate::py::errors::guarded;
-use crate::py::read::exact::{exact_float, exact_int, BY_API};
-use crate::py::read::{type_name, ItemKind, Items};
+use crate::py::read::numbers::{array_view, Slice};
+use crate::py::read::{exact_float, exact_int, type_name, Items};
 
 pyo3::create_exception!(
     tinker_rl_data._core,
@@ -53,15 +52,8 @@ fn leave_to_cookbook(py: Python<'_>, err: PyErr) -> PyErr {
 /// A list's or tuple's items. Anything else (an iterator the cookbook's
 /// function would consume) is left to it unread.
 fn items<'py>(obj: &Bound<'py, PyAny>, what: &'static str) -> PyResult<Items<'py>> {
-    // Exact types only: a subclass may iterate otherwise than its storage.
-    if obj.is_exact_instance_of::<PyList>() || obj.is_exact_instance_of::<PyTuple>() {
-        Items::of(obj, what, ItemKind::Object, Location::BATCH)
-    } else {
-        Err(unsupported(format!(
-            "{what} is a {}, not a list or tuple",
-            type_name(obj)
-        )))
-    }
+    Items::of_exact_sequence(obj, what)
+        .ok_or_else(|| unsupported(format!("{what} is a {}, not a list or tuple", type_name(obj))))
 }
 
 fn items_of<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>, what: &'static str) -> PyResult<Items<'py>> {
@@ -70,8 +62,7 @@ fn items_of<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>, what: &'s
 
 /// An exact `int` or a `bool` (what Python's `sum()` adds as ints).
 fn int_value(obj: &Bound<'_, PyAny>) -> Option<i64> {
-    // SAFETY: `obj` is held; the read runs no Python code.
-    unsafe { exact_int::<BY_API>(obj.as_ptr()) }.or_else(|| obj.cast::<PyBool>().ok().map(|b| i64::from(b.is_true())))
+    exact_int(obj).or_else(|| obj.cast::<PyBool>().ok().map(|b| i64::from(b.is_true())))
 }
 
 /// A token count: an exact int below 2**32, so that no sum of them
@@ -84,8 +75,7 @@ fn count(obj: &Bound<'_, PyAny>, at: Location, what: &str) -> PyResult<i64> {
 
 /// An exact `float`, `int` or `bool`; not an int that a float cannot hold.
 fn number(obj: &Bound<'_, PyAny>) -> Option<Number> {
-    // SAFETY: `obj` is held; the read runs no Python code.
-    if let Some(v) = unsafe { exact_float(obj.as_ptr()) } {
+    if let Some(v) = exact_float(obj) {
         return Some(Number::float(v));
     }
     int_value(obj)
@@ -153,70 +143,6 @@ impl Counts {
 // --------------------------------------------------------------------------
 // compute_kl_sample_train
 
-/// A 1-D buffer as the cookbook's tensors hold it.
-enum Values<'a> {
-    F32(&'a [f32]),
-    F64(&'a [f64]),
-    I64(&'a [i64]),
-}
-
-impl<'a> Values<'a> {
-    /// `array`'s elements, when it is an aligned, contiguous 1-D float32,
-    /// float64 or int64 numpy array in native byte order. (Read from the
-    /// array's header: numpy's own type check compares dtypes by casting
-    /// rules, most of a Datum's cost.)
-    ///
-    /// # Safety
-    ///
-    /// No Python code may run while the result is alive: code that ran
-    /// could resize or free the array's memory, or write to it.
-    unsafe fn of(array: &'a Bound<'_, PyAny>) -> Option<Self> {
-        let array = array.cast::<PyUntypedArray>().ok()?;
-        let dtype = array.dtype();
-        let aligned = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED;
-        // SAFETY: the array is alive (held by the caller); its header is read.
-        let header = unsafe { &(*array.as_array_ptr()).fields };
-        let (flags, data) = (header.flags, header.data);
-        if array.ndim() != 1 || flags & aligned != aligned || dtype.is_native_byteorder() == Some(false) {
-            return None;
-        }
-        let len = array.len();
-        // The caller holds the array and runs no Python code while it uses
-        // the slice, so nothing can write or reallocate its memory meanwhile.
-        match (dtype.kind(), dtype.itemsize()) {
-            // SAFETY: `len` aligned, contiguous float32s from `data` (checked above).
-            (b'f', 4) => Some(Values::F32(unsafe { elements(data, len) })),
-            // SAFETY: `len` aligned, contiguous float64s from `data`.
-            (b'f', 8) => Some(Values::F64(unsafe { elements(data, len) })),
-            // SAFETY: `len` aligned, contiguous int64s from `data`.
-            (b'i', 8) => Some(Values::I64(unsafe { elements(data, len) })),
-            _ => None,
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Values::F32(v) => v.len(),
-            Values::F64(v) => v.len(),
-            Values::I64(v) => v.len(),
-        }
-    }
-}
-
-/// `len` elements from `data`.
-///
-/// # Safety
-/// Unless `len` is 0, `data` points at `len` aligned, initialized `T`s that
-/// stay alive and unwritten for `'a`.
-unsafe fn elements<'a, T>(data: *mut std::ffi::c_char, len: usize) -> &'a [T] {
-    if len == 0 {
-        &[]
-    } else {
-        // SAFETY: as the caller promises.
-        unsafe { std::slice::from_raw_parts(data.cast(), len) }
-    }
-}
-
 /// A loss input's numpy array: a dense `TensorData`'s own, read as a field
 /// where `_build` found tinker's layout (`tensor_data` given), else its
 /// `to_numpy()` (which densifies a sparse one, as `to_torch()` does).
@@ -261,23 +187,33 @@ fn loss_input<'py>(
     loss_input_array(&tensor, tensor_data)
 }
 
-fn add_datum(sums: &mut KlSums, sampling: &Values<'_>, training: &Values<'_>, mask: &Values<'_>) -> bool {
-    fn with_mask<S: Real, T: Real>(sums: &mut KlSums, s: &[S], t: &[T], mask: &Values<'_>) -> bool {
+fn add_datum(sums: &mut KlSums, sampling: &Slice<'_>, training: &Slice<'_>, mask: &Slice<'_>) -> bool {
+    fn with_mask<S: Real, T: Real>(sums: &mut KlSums, s: &[S], t: &[T], mask: &Slice<'_>) -> bool {
         match mask {
-            Values::F32(m) => sums.add_datum(s, t, m),
-            Values::F64(m) => sums.add_datum(s, t, m),
-            Values::I64(m) => sums.add_datum(s, t, m),
+            Slice::F32(m) => sums.add_datum(s, t, m),
+            Slice::F64(m) => sums.add_datum(s, t, m),
+            Slice::I64(m) => sums.add_datum(s, t, m),
+            Slice::I32(_) => return false,
         }
         true
     }
     match (sampling, training) {
-        (Values::F32(s), Values::F32(t)) => with_mask(sums, s, t, mask),
-        (Values::F32(s), Values::F64(t)) => with_mask(sums, s, t, mask),
-        (Values::F64(s), Values::F32(t)) => with_mask(sums, s, t, mask),
-        (Values::F64(s), Values::F64(t)) => with_mask(sums, s, t, mask),
+        (Slice::F32(s), Slice::F32(t)) => with_mask(sums, s, t, mask),
+        (Slice::F32(s), Slice::F64(t)) => with_mask(sums, s, t, mask),
+        (Slice::F64(s), Slice::F32(t)) => with_mask(sums, s, t, mask),
+        (Slice::F64(s), Slice::F64(t)) => with_mask(sums, s, t, mask),
         // Integer logprobs: the cookbook's float32 promotion (and, when all
         // are integers, its failing mean) is left to it.
         _ => false,
+    }
+}
+
+fn slice_len(slice: &Slice<'_>) -> usize {
+    match slice {
+        Slice::I32(v) => v.len(),
+        Slice::I64(v) => v.len(),
+        Slice::F32(v) => v.len(),
+        Slice::F64(v) => v.len(),
     }
 }
 
@@ -306,23 +242,30 @@ fn kl_sample_train<'py>(
         let sampling = loss_input(inputs, intern!(py, "logprobs"), tensor_data, i)?;
         let mask = loss_input(inputs, intern!(py, "mask"), tensor_data, i)?;
         let training = training_array(&training.get(i)?, torch_tensor)?;
+        let arrays = (
+            sampling.cast::<PyUntypedArray>(),
+            training.cast::<PyUntypedArray>(),
+            mask.cast::<PyUntypedArray>(),
+        );
+        let (Ok(s), Ok(t), Ok(m)) = arrays else {
+            return Err(unsupported(format!("datum {i}: a tensor is not a numpy array")));
+        };
         // SAFETY: no Python code runs from here to the end of the Datum's
         // sums (plain Rust over the slices; errors are made after).
+        let views = unsafe { (array_view(s), array_view(t), array_view(m)) };
         let (Some(s), Some(t), Some(m)) = (
-            unsafe { Values::of(&sampling) },
-            unsafe { Values::of(&training) },
-            unsafe { Values::of(&mask) },
+            views.0.as_ref().and_then(|v| v.slice()),
+            views.1.as_ref().and_then(|v| v.slice()),
+            views.2.as_ref().and_then(|v| v.slice()),
         ) else {
             return Err(unsupported(format!(
                 "datum {i}: a tensor is not a contiguous 1-D float array"
             )));
         };
-        if s.len() != m.len() || t.len() != m.len() {
+        let (ns, nt, nm) = (slice_len(&s), slice_len(&t), slice_len(&m));
+        if ns != nm || nt != nm {
             return Err(unsupported(format!(
-                "datum {i}: {} logprobs, {} training logprobs, {} mask values",
-                s.len(),
-                t.len(),
-                m.len()
+                "datum {i}: {ns} logprobs, {nt} training logprobs, {nm} mask values"
             )));
         }
         if !add_datum(&mut sums, &s, &t, &m) {
