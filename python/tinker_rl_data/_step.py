@@ -84,12 +84,15 @@ def _tinker_classes() -> _Classes:
     return _classes
 
 
+#: The cookbook's own functions by name, filled by the patch layer when it
+#: installs ours (so that the originals are found once they are replaced).
+ORIGINALS: dict[str, Callable[..., Any]] = {}
+
+
 def _cookbook(name: str, why: Exception) -> Callable[..., Any]:
     """The cookbook's own function ``name`` (the original even once
     installed), for an input the native pass leaves to it."""
-    from .cookbook import _originals
-
-    function = _originals.get(name)
+    function = ORIGINALS.get(name)
     if function is None:
         try:
             function = getattr(importlib.import_module(HOMES[name]), name)

@@ -53,6 +53,7 @@ from . import wire as _wire
 from ._step import (
     HOMES as _STEP_HOMES,
 )
+from ._step import ORIGINALS as _step_originals
 from ._step import (
     compute_kl_sample_train,
     compute_trajectory_metrics,
@@ -339,7 +340,8 @@ def trajectory_to_data(traj: Any, traj_advantage: float, include_provenance: boo
 # --------------------------------------------------------------------------
 # install / uninstall
 
-_originals: dict[str, Any] = {}
+# The cookbook's functions install() replaced (the dict _step looks them up in).
+_originals = _step_originals
 # Whether install() installed the request encoder (so uninstall() removes it).
 _wire_installed = False
 
