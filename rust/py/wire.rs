@@ -26,7 +26,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyList, PyString, PyTuple, PyType};
 use pyo3::{ffi, intern};
 
-use crate::py::read::numbers::{contiguous_bytes, Element, Kind, Numbers, Slice};
+use crate::py::read::numbers::{contiguous_bytes, Kind, Numbers, Slice, Value};
 use crate::py::read::{describe, exact_int, pairs, Items, Pair};
 use crate::wire::{
     sort_map, write_owned, Chunk, ConfigValue, DType, Datum, KeyOrder, Part, Payload, Request, Shape, Span, Tensor,
@@ -367,7 +367,7 @@ impl<'h, 'py> Reader<'h, 'py> {
         let py = chunk.py();
         let parts = self.parts;
         let fields = if is_a(chunk, &parts.encoded_text_chunk)? {
-            self.tokens(&chunk.getattr(intern!(py, "tokens"))?)?.map(Chunk::Text)
+            self.tokens(&chunk.getattr(intern!(py, "tokens"))?).map(Chunk::Text)
         } else if is_a(chunk, &parts.image_chunk)? {
             self.image(chunk)?
         } else if is_a(chunk, &parts.dmel_chunk)? {
@@ -384,38 +384,36 @@ impl<'h, 'py> Reader<'h, 'py> {
     /// Token bytes of a list or tuple of exact ints in int32 range, or of
     /// a 1-D integer or bool numpy array (converted as numpy converts to
     /// int32: wrapping); `None` for anything else.
-    fn tokens(&self, tokens: &Bound<'py, PyAny>) -> PyResult<Option<Payload<'h>>> {
+    fn tokens(&self, tokens: &Bound<'py, PyAny>) -> Option<Payload<'h>> {
         if let Some(items) = Items::of_exact_sequence(tokens, "tokens") {
             let mut values = Vec::new();
-            return Ok(items.read_exact_ints(&mut values).then_some(Payload::Int32s(values)));
+            return items.read_exact_ints(&mut values).then_some(Payload::Int32s(values));
         }
         let Ok(array) = tokens.cast_exact::<PyUntypedArray>() else {
-            return Ok(None); // what numpy makes of other objects is numpy's to say
+            return None; // what numpy makes of other objects is numpy's to say
         };
         // One numpy will not export as numbers (a datetime, say) is numpy's too.
         let Some(Ok(numbers)) = Numbers::of(tokens).ok().flatten() else {
-            return Ok(None);
+            return None;
         };
         if numbers.kind() == Kind::Float {
-            return Ok(None); // numpy's float casts round, saturate and warn as numpy decides
+            return None; // numpy's float casts round, saturate and warn as numpy decides
         }
         // SAFETY: the view is read and dropped with no Python code run.
-        let Some(view) = (unsafe { numbers.view() }) else {
-            return Ok(None);
-        };
+        let view = unsafe { numbers.view() }?;
         if matches!(view.slice(), Some(Slice::I32(_))) && array.is_c_contiguous() {
-            return Ok(Some(self.held.array(array, DType32::Int32, self.datum.get())));
+            return Some(self.held.array(array, DType32::Int32, self.datum.get()));
         }
         let mut values = Vec::with_capacity(view.len());
         let Ok(()) = view.for_each(|_, v| {
             values.push(match v {
-                Element::Int(v) => v as i32,
-                Element::Huge(v) => v as i32,
-                Element::Float(v) => v as i32, // not reached: the kind is checked
+                Value::Int(v) => v as i32,
+                Value::Huge(v) => v as i32,
+                Value::Float(v) => v as i32, // not reached: the kind is checked
             });
             Ok::<(), Infallible>(())
         });
-        Ok(Some(Payload::Int32s(values)))
+        Some(Payload::Int32s(values))
     }
 
     fn image(&self, chunk: &Bound<'py, PyAny>) -> PyResult<Option<Chunk<'h>>> {
@@ -467,7 +465,9 @@ impl<'h, 'py> Reader<'h, 'py> {
             if !dims.read_exact_ints::<i64>(&mut read) {
                 return Ok(None);
             }
-            read.into_iter().for_each(|d| shape.push(d));
+            for d in read {
+                shape.push(d);
+            }
         }
         let array = td.getattr(intern!(py, "_numpy"))?;
         let Ok(array) = array.cast_exact::<PyUntypedArray>() else {

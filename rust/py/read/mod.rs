@@ -18,9 +18,10 @@ use pyo3::types::{PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use pyo3::{ffi, intern};
 
 use crate::error::{ErrorKind, InputError, Location};
+use crate::plan::Element;
 use crate::py::gc::collector_off;
 use exact::{float_in_place, int_in_place, int_read, RawItems, BY_API, BY_LV_TAG, BY_OB_SIZE};
-use numbers::{Element, Kind, NotNumbers, Numbers, Slice, View};
+use numbers::{Kind, NotNumbers, Numbers, Slice, Value, View};
 
 pub mod exact;
 pub mod numbers;
@@ -177,9 +178,9 @@ impl<'py> Items<'py> {
                 // SAFETY: the view is dropped before any Python code runs.
                 let element = unsafe { numbers.view() }.and_then(|view| view.get(i));
                 match element {
-                    Some(Element::Int(v)) => Ok(v.into_pyobject(self.py)?.into_any()),
-                    Some(Element::Huge(v)) => Ok(v.into_pyobject(self.py)?.into_any()),
-                    Some(Element::Float(v)) => Ok(PyFloat::new(self.py, v).into_any()),
+                    Some(Value::Int(v)) => Ok(v.into_pyobject(self.py)?.into_any()),
+                    Some(Value::Huge(v)) => Ok(v.into_pyobject(self.py)?.into_any()),
+                    Some(Value::Float(v)) => Ok(PyFloat::new(self.py, v).into_any()),
                     None => Err(self.shrank()),
                 }
             }
@@ -405,7 +406,7 @@ impl Items<'_> {
     /// holds exactly the ints read. User code run earlier may have turned
     /// the collector back on: then a collection set off by any allocation
     /// could run finalizers that change the sequence before it is copied.
-    pub fn read_tokens(&self, field: &str, limit: i64, at: Location, out: &mut Vec<i64>) -> PyResult<bool> {
+    pub fn read_tokens(&self, field: &str, limit: i64, at: Location, out: &mut Vec<Element>) -> PyResult<bool> {
         if let Seq::Numbers(numbers) = &self.seq {
             // SAFETY: the view is dropped before the error is made; reading
             // runs no Python code.
@@ -429,7 +430,7 @@ impl Items<'_> {
         field: &str,
         limit: i64,
         at: Location,
-        out: &mut Vec<i64>,
+        out: &mut Vec<Element>,
     ) -> PyResult<bool> {
         out.reserve(self.len);
         let start = out.len();
@@ -448,7 +449,7 @@ impl Items<'_> {
                     Ok(v)
                 },
                 |i, v| {
-                    slots[i].write(v);
+                    slots[i].write(Element::token(v));
                 },
             )?;
         }
@@ -606,20 +607,19 @@ impl Items<'_> {
 
 /// [`Items::read_tokens`] of a buffer's elements: each checked to be a
 /// token below `limit`; else the first that is not, and its index.
-fn read_buffer_tokens(view: &View<'_>, limit: i64, out: &mut Vec<i64>) -> Result<(), (Element, usize)> {
-    let start = out.len();
+fn read_buffer_tokens(view: &View<'_>, limit: i64, out: &mut Vec<Element>) -> Result<(), (Value, usize)> {
     if let Some(Slice::I32(ints)) = view.slice() {
-        // tinker's `tokens_np`: a plain loop the compiler vectorizes.
-        out.extend(ints.iter().map(|&v| i64::from(v)));
-        return match out[start..].iter().position(|v| !(0..limit).contains(v)) {
-            Some(k) => Err((Element::Int(out[start + k]), k)),
-            None => Ok(()),
-        };
+        // tinker's `tokens_np`: plain loops the compiler vectorizes.
+        if let Some(k) = ints.iter().position(|&v| !(0..limit).contains(&i64::from(v))) {
+            return Err((Value::Int(i64::from(ints[k])), k));
+        }
+        out.extend(ints.iter().map(|&v| Element::token(i64::from(v))));
+        return Ok(());
     }
     out.reserve(view.len());
     view.for_each(|k, v| match v {
-        Element::Int(v) if (0..limit).contains(&v) => {
-            out.push(v);
+        Value::Int(v) if (0..limit).contains(&v) => {
+            out.push(Element::token(v));
             Ok(())
         }
         _ => Err((v, k)),
@@ -627,11 +627,11 @@ fn read_buffer_tokens(view: &View<'_>, limit: i64, out: &mut Vec<i64>) -> Result
 }
 
 #[cold]
-fn buffer_token_error(value: Element, at_item: Item<'_>, limit: i64, at: Location) -> PyErr {
+fn buffer_token_error(value: Value, at_item: Item<'_>, limit: i64, at: Location) -> PyErr {
     let (value, described) = match value {
-        Element::Int(v) => (Integer::Value(v), v.to_string()),
-        Element::Huge(v) => (Integer::TooLarge, v.to_string()),
-        Element::Float(v) => (Integer::Not, v.to_string()),
+        Value::Int(v) => (Integer::Value(v), v.to_string()),
+        Value::Huge(v) => (Integer::TooLarge, v.to_string()),
+        Value::Float(v) => (Integer::Not, v.to_string()),
     };
     token_error(&described, "float", value, at_item, limit, at)
 }

@@ -25,21 +25,21 @@ pub enum Kind {
     Float,
 }
 
-/// An element as stored, widened.
+/// A buffer's element as stored, widened.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Element {
+pub enum Value {
     Int(i64),
     /// An unsigned value above `i64::MAX`.
     Huge(u64),
     Float(f64),
 }
 
-impl Element {
+impl Value {
     pub fn as_f64(self) -> f64 {
         match self {
-            Element::Int(v) => v as f64,
-            Element::Huge(v) => v as f64,
-            Element::Float(v) => v,
+            Value::Int(v) => v as f64,
+            Value::Huge(v) => v as f64,
+            Value::Float(v) => v,
         }
     }
 }
@@ -255,8 +255,8 @@ impl View<'_> {
         self.layout.kind
     }
 
-    /// Element `i`, if `i < len`.
-    pub fn get(&self, i: usize) -> Option<Element> {
+    /// Value `i`, if `i < len`.
+    pub fn get(&self, i: usize) -> Option<Value> {
         let mut value = None;
         if i < self.layout.len {
             let Ok(()) = self.each_of(i..i + 1, |_, v| {
@@ -270,7 +270,7 @@ impl View<'_> {
     /// Calls `put(i, value)` for every element in order, stopping at the
     /// first error `put` returns.
     #[inline]
-    pub fn for_each<E>(&self, put: impl FnMut(usize, Element) -> Result<(), E>) -> Result<(), E> {
+    pub fn for_each<E>(&self, put: impl FnMut(usize, Value) -> Result<(), E>) -> Result<(), E> {
         self.each_of(0..self.layout.len, put)
     }
 
@@ -278,7 +278,7 @@ impl View<'_> {
     fn each_of<E>(
         &self,
         range: std::ops::Range<usize>,
-        mut put: impl FnMut(usize, Element) -> Result<(), E>,
+        mut put: impl FnMut(usize, Value) -> Result<(), E>,
     ) -> Result<(), E> {
         let Layout {
             kind,
@@ -308,17 +308,17 @@ impl View<'_> {
             }};
         }
         match (kind, width) {
-            (Kind::Signed, 1) => each!(i8, |v: i8| Element::Int(i64::from(v))),
-            (Kind::Signed, 2) => each!(i16, |v: i16| Element::Int(i64::from(v))),
-            (Kind::Signed, 4) => each!(i32, |v: i32| Element::Int(i64::from(v))),
-            (Kind::Signed, 8) => each!(i64, Element::Int),
-            (Kind::Unsigned | Kind::Bool, 1) => each!(u8, |v: u8| Element::Int(i64::from(v))),
-            (Kind::Unsigned, 2) => each!(u16, |v: u16| Element::Int(i64::from(v))),
-            (Kind::Unsigned, 4) => each!(u32, |v: u32| Element::Int(i64::from(v))),
-            (Kind::Unsigned, 8) => each!(u64, |v: u64| i64::try_from(v).map_or(Element::Huge(v), Element::Int)),
-            (Kind::Float, 2) => each!(u16, |v: u16| Element::Float(f64::from(f16_to_f32(v)))),
-            (Kind::Float, 4) => each!(u32, |v: u32| Element::Float(f64::from(f32::from_bits(v)))),
-            (Kind::Float, 8) => each!(u64, |v: u64| Element::Float(f64::from_bits(v))),
+            (Kind::Signed, 1) => each!(i8, |v: i8| Value::Int(i64::from(v))),
+            (Kind::Signed, 2) => each!(i16, |v: i16| Value::Int(i64::from(v))),
+            (Kind::Signed, 4) => each!(i32, |v: i32| Value::Int(i64::from(v))),
+            (Kind::Signed, 8) => each!(i64, Value::Int),
+            (Kind::Unsigned | Kind::Bool, 1) => each!(u8, |v: u8| Value::Int(i64::from(v))),
+            (Kind::Unsigned, 2) => each!(u16, |v: u16| Value::Int(i64::from(v))),
+            (Kind::Unsigned, 4) => each!(u32, |v: u32| Value::Int(i64::from(v))),
+            (Kind::Unsigned, 8) => each!(u64, |v: u64| i64::try_from(v).map_or(Value::Huge(v), Value::Int)),
+            (Kind::Float, 2) => each!(u16, |v: u16| Value::Float(f64::from(f16_to_f32(v)))),
+            (Kind::Float, 4) => each!(u32, |v: u32| Value::Float(f64::from(f32::from_bits(v)))),
+            (Kind::Float, 8) => each!(u64, |v: u64| Value::Float(f64::from_bits(v))),
             _ => unreachable!("layouts are made only of these widths"),
         }
         Ok(())
@@ -338,27 +338,35 @@ impl View<'_> {
         if swapped || stride != width as isize || self.data.align_offset(width) != 0 {
             return None;
         }
-        /// # Safety
-        /// `len` aligned, initialized `T`s at `data`, unchanged for `'a`.
-        unsafe fn elements<'a, T>(data: *const u8, len: usize) -> &'a [T] {
-            if len == 0 {
-                &[]
-            } else {
-                // SAFETY: as the caller promises.
-                unsafe { std::slice::from_raw_parts(data.cast::<T>(), len) }
-            }
-        }
         let data = self.data;
-        // SAFETY (each arm): `len` aligned (checked above), back-to-back
-        // native elements of that type in the memory the view was made of,
+        // Each arm: `len` aligned (checked above), back-to-back native
+        // elements of that type in the memory the view was made of,
         // unchanged while it lives.
         match (kind, width) {
+            // SAFETY: as above.
             (Kind::Signed, 4) => Some(Slice::I32(unsafe { elements(data, len) })),
+            // SAFETY: as above.
             (Kind::Signed, 8) => Some(Slice::I64(unsafe { elements(data, len) })),
+            // SAFETY: as above.
             (Kind::Float, 4) => Some(Slice::F32(unsafe { elements(data, len) })),
+            // SAFETY: as above.
             (Kind::Float, 8) => Some(Slice::F64(unsafe { elements(data, len) })),
             _ => None,
         }
+    }
+}
+
+/// `len` elements from `data`.
+///
+/// # Safety
+/// Unless `len` is 0, `data` points at `len` aligned, initialized `T`s that
+/// stay unchanged for `'a`.
+unsafe fn elements<'a, T>(data: *const u8, len: usize) -> &'a [T] {
+    if len == 0 {
+        &[]
+    } else {
+        // SAFETY: as the caller promises.
+        unsafe { std::slice::from_raw_parts(data.cast::<T>(), len) }
     }
 }
 

@@ -8,7 +8,7 @@ use pyo3::types::{PyDict, PyString, PyType};
 
 use super::{sequence, type_name, unsupported};
 use crate::metrics::{KlSums, Real};
-use crate::py::read::numbers::{array_view, Slice};
+use crate::py::read::numbers::{array_view, Slice, View};
 
 /// A loss input's numpy array: a dense `TensorData`'s own, read as a field
 /// where `_build` found tinker's layout (`tensor_data` given), else its
@@ -121,9 +121,9 @@ pub fn kl_sample_train<'py>(
         // sums (plain Rust over the slices; errors are made after).
         let views = unsafe { (array_view(s), array_view(t), array_view(m)) };
         let (Some(s), Some(t), Some(m)) = (
-            views.0.as_ref().and_then(|v| v.slice()),
-            views.1.as_ref().and_then(|v| v.slice()),
-            views.2.as_ref().and_then(|v| v.slice()),
+            views.0.as_ref().and_then(View::slice),
+            views.1.as_ref().and_then(View::slice),
+            views.2.as_ref().and_then(View::slice),
         ) else {
             return Err(unsupported(format!(
                 "datum {i}: a tensor is not a contiguous 1-D float array"
