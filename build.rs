@@ -1,6 +1,6 @@
 //! Refuses to build for an interpreter the read loops are unsound on.
 //!
-//! `rust/py/exact.rs` reads a list's items and an int's digits in place, in
+//! `rust/py/read/exact.rs` reads a list's items and an int's digits in place, in
 //! CPython's object layouts, borrowing items that only the GIL keeps alive.
 //! PyPy and GraalPy have other layouts; a free-threaded CPython lets another
 //! thread free an item mid-read (`PYTHON_GIL=0` keeps the GIL off even for a

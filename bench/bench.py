@@ -40,16 +40,13 @@ import tinker  # noqa: E402
 import evsys_style  # noqa: E402
 import reference  # noqa: E402
 import tinker_rl_data as trd  # noqa: E402
-from e2e import NA, features  # noqa: E402
+from e2e import NA, features, memory  # noqa: E402
 from workloads import WORKLOADS, Workload, merged_positions, positions, to_cookbook  # noqa: E402
 
-try:  # an internal name: the module may be renamed (issue 10)
-    from tinker_rl_data.datums import DIRECT_PATH  # noqa: E402
+try:  # an internal name: the module may be renamed
+    from tinker_rl_data._build import DIRECT as DIRECT_PATH  # noqa: E402
 except ImportError:
-    try:
-        from tinker_rl_data._build import DIRECT as DIRECT_PATH  # noqa: E402
-    except ImportError:
-        DIRECT_PATH = "unknown"
+    DIRECT_PATH = "unknown"
 
 def rss_kib() -> int:
     with open("/proc/self/status") as f:
@@ -80,23 +77,6 @@ def timed(fn, repeats: int) -> list[float]:
         times.append(time.perf_counter() - t0)
         del result  # freed outside the clock
     return times
-
-
-def memory(workload: str, impl: str, scale: float = 1.0) -> tuple[float, float]:
-    """(peak RSS growth during one call, RSS held by its result), MiB, in a
-    fresh process: in this one, freed memory would be reused and hide both."""
-    import json
-    import subprocess
-
-    proc = subprocess.run(
-        [sys.executable, __file__, "--memory-probe", workload, impl, str(scale)],
-        capture_output=True, text=True,
-    )
-    if proc.returncode != 0:  # reported, not fatal: the timings are still worth writing
-        print(f"memory probe {workload} {impl} failed:\n{proc.stderr[-2000:]}", file=sys.stderr, flush=True)
-        return None
-    peak, held = json.loads(proc.stdout.splitlines()[-1])
-    return peak, held
 
 
 def memory_probe(workload: str, impl: str, scale: float) -> None:

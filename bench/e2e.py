@@ -1,4 +1,4 @@
-"""End to end: rollouts to request bytes (issue 9), on the workloads of bench/workloads.py.
+"""End to end: rollouts to request bytes, on the workloads of bench/workloads.py.
 
 Each path runs what a training step runs between scored rollouts and the
 bytes of a forward_backward request: compute_advantages, then
@@ -43,6 +43,23 @@ import evsys_style  # noqa: E402
 from workloads import WORKLOADS, cookbook_available, merged_positions, positions, to_cookbook  # noqa: E402
 
 NA = "n/a (not in this build)"
+
+
+def memory(workload: str, impl: str, scale: float = 1.0) -> tuple[float, float]:
+    """(peak RSS growth during one call, RSS held by its result), MiB, in a
+    fresh process (`bench.py --memory-probe`): in this one, freed memory would be reused and hide both."""
+    import json
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "bench.py"), "--memory-probe", workload, impl, str(scale)],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:  # reported, not fatal: the timings are still worth writing
+        print(f"memory probe {workload} {impl} failed:\n{proc.stderr[-2000:]}", file=sys.stderr, flush=True)
+        return None
+    peak, held = json.loads(proc.stdout.splitlines()[-1])
+    return peak, held
 
 
 def _has_kw(fn, name: str) -> bool:
@@ -214,7 +231,7 @@ def check_bytes(label_a, datums_a, label_b, datums_b) -> str:
     return f"{label_b}: request bytes {'identical to' if same else 'DIFFER from'} {label_a}'s"
 
 
-def run(workload_names, repeats: int, memory: bool = True, log=print) -> dict:
+def run(workload_names, repeats: int, with_memory: bool = True, log=print) -> dict:
     """Measure every path on every workload; returns rows and notes."""
     feat = features()
     rows, notes = [], []
@@ -273,9 +290,7 @@ def run(workload_names, repeats: int, memory: bool = True, log=print) -> dict:
         del groups, cb_groups, outputs, results
         gc.collect()
     mem = []
-    if memory:
-        import bench
-
+    if with_memory:
         for name in workload_names:
             for impl, label, why in [
                 ("pipeline", "list model input", None),
@@ -284,7 +299,7 @@ def run(workload_names, repeats: int, memory: bool = True, log=print) -> dict:
                 if why:
                     mem.append((name, label, why))
                     continue
-                mem.append((name, label, bench.memory(name, impl) or "probe failed"))
+                mem.append((name, label, memory(name, impl) or "probe failed"))
     return {"rows": rows, "notes": notes, "memory": mem, "repeats": repeats}
 
 
@@ -393,7 +408,7 @@ def main() -> None:
     if args.profile:
         profile(args.workload[0], args.profile)
         return
-    result = run(args.workload, max(args.repeats, 1), memory=not args.no_memory)
+    result = run(args.workload, max(args.repeats, 1), with_memory=not args.no_memory)
     print()
     print(markdown(result))
 

@@ -20,28 +20,8 @@ use pyo3::prelude::*;
 use py::exports;
 
 // The read loops take items from a list's array without holding them,
-// which only the GIL makes safe (rust/py/exact.rs).
+// which only the GIL makes safe (rust/py/read/exact.rs).
 #[pymodule(gil_used = true)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add("INT_READ", py::read::exact::probe_int_layout(m.py())?)?;
-    m.add_class::<exports::Fitted>()?;
-    m.add_class::<exports::BuiltDatums>()?;
-    m.add_class::<exports::Rows>()?;
-    m.add_function(wrap_pyfunction!(exports::py_compute_advantages, m)?)?;
-    m.add_function(wrap_pyfunction!(exports::py_reward_metrics, m)?)?;
-    m.add_function(wrap_pyfunction!(exports::py_varied_reward_groups, m)?)?;
-    m.add_function(wrap_pyfunction!(exports::py_assemble_arrays, m)?)?;
-    m.add_function(wrap_pyfunction!(exports::py_assemble_datums, m)?)?;
-    m.add_function(wrap_pyfunction!(exports::py_assemble_cookbook, m)?)?;
-    m.add_function(wrap_pyfunction!(exports::py_encode_forward_backward, m)?)?;
-    m.add_function(wrap_pyfunction!(exports::py_panic_probe, m)?)?;
-    m.add("ValidationError", m.py().get_type::<py::errors::ValidationError>())?;
-    m.add("Unsupported", m.py().get_type::<py::step::Unsupported>())?;
-    m.add_function(wrap_pyfunction!(py::step::py_kl_sample_train, m)?)?;
-    m.add_function(wrap_pyfunction!(py::step::py_trajectory_metrics, m)?)?;
-    m.add_function(wrap_pyfunction!(py::step::py_rollout_counts, m)?)?;
-    m.add_function(wrap_pyfunction!(py::step::py_training_tokens, m)?)?;
-    m.add_function(wrap_pyfunction!(py::step::py_datum_without_mask, m)?)?;
-    Ok(())
+    exports::register(m)
 }

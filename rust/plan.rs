@@ -8,11 +8,94 @@
 
 use std::ops::Range;
 
+/// One position of a trajectory: a token, or a position of a non-text chunk
+/// (an image, say), which the rows carry as it was given.
+///
+/// Chunks are numbered per trajectory by equality (equal chunks share an
+/// id), so that comparing two elements compares tokens by value and chunks
+/// by equality, as tinker-cookbook compares model inputs. Stored in one
+/// integer, so that the prefix checks over long sequences compare integers;
+/// [`Element::kind`] is the one reading of it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct Element(i64);
+
+/// What an [`Element`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElementKind {
+    /// A token, in `0..2**31`.
+    Token(i64),
+    /// The first position of chunk `id`.
+    ChunkStart(usize),
+    /// A later position of the chunk before it.
+    ChunkRest,
+    /// A chunk of length 0: it takes no position, and rows are planned with
+    /// it and filled without it.
+    ZeroWidth(usize),
+}
+
+/// Ids below this (about 2**61) are what the encoding holds.
+const ZERO_WIDTH: i64 = i64::MIN / 2;
+const CHUNK_REST: i64 = i64::MIN;
+
+impl Element {
+    pub fn token(token: i64) -> Self {
+        debug_assert!(token >= 0);
+        Element(token)
+    }
+
+    pub fn chunk_start(id: usize) -> Self {
+        Element(-(id as i64) - 1)
+    }
+
+    pub fn chunk_rest() -> Self {
+        Element(CHUNK_REST)
+    }
+
+    pub fn zero_width(id: usize) -> Self {
+        Element(ZERO_WIDTH - id as i64)
+    }
+
+    pub fn kind(self) -> ElementKind {
+        match self.0 {
+            t if t >= 0 => ElementKind::Token(t),
+            CHUNK_REST => ElementKind::ChunkRest,
+            z if z <= ZERO_WIDTH => ElementKind::ZeroWidth((ZERO_WIDTH - z) as usize),
+            c => ElementKind::ChunkStart((-(c + 1)) as usize),
+        }
+    }
+
+    pub fn is_token(self) -> bool {
+        self.0 >= 0
+    }
+
+    pub fn is_zero_width(self) -> bool {
+        matches!(self.kind(), ElementKind::ZeroWidth(_))
+    }
+
+    /// As a target (and as model input, where rows hold tokens only): the
+    /// token, or 0 for a chunk's position.
+    #[inline]
+    pub fn target(self) -> i64 {
+        // max(v, 0), in a form SSE2 vectorizes (it has no 64-bit max).
+        self.0 & !(self.0 >> 63)
+    }
+}
+
+impl std::fmt::Debug for Element {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.kind() {
+            ElementKind::Token(t) => write!(f, "{t}"),
+            kind => write!(f, "{kind:?}"),
+        }
+    }
+}
+
 /// One trajectory's elements as read: every turn's prompt and completion,
 /// back to back in `elements`.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Trajectory {
-    pub elements: Vec<i64>,
+    pub elements: Vec<Element>,
     pub turns: Vec<TurnSpan>,
 }
 
@@ -176,7 +259,7 @@ impl Open {
 }
 
 /// Whether `elements[prompt]` starts with the sequence `pieces` spell out.
-fn starts_with(elements: &[i64], prompt: Range<usize>, pieces: &[Piece]) -> bool {
+fn starts_with(elements: &[Element], prompt: Range<usize>, pieces: &[Piece]) -> bool {
     let prompt = &elements[prompt];
     let mut at = 0;
     for piece in pieces {
@@ -189,18 +272,56 @@ fn starts_with(elements: &[i64], prompt: Range<usize>, pieces: &[Piece]) -> bool
     true
 }
 
+/// Elements of tokens (`>= 0`) and chunk positions: `-1 - id` a chunk's
+/// first, `i64::MIN` a later one.
+#[cfg(test)]
+pub(crate) fn elements_of(values: &[i64]) -> Vec<Element> {
+    values
+        .iter()
+        .map(|&v| match v {
+            i64::MIN => Element::chunk_rest(),
+            v if v < 0 => Element::chunk_start((-v - 1) as usize),
+            v => Element::token(v),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_element_reads_back_as_what_it_was_made_as() {
+        let made = [
+            (Element::token(0), ElementKind::Token(0)),
+            (
+                Element::token(i64::from(i32::MAX)),
+                ElementKind::Token(i64::from(i32::MAX)),
+            ),
+            (Element::chunk_start(0), ElementKind::ChunkStart(0)),
+            (Element::chunk_start(1 << 40), ElementKind::ChunkStart(1 << 40)),
+            (Element::chunk_rest(), ElementKind::ChunkRest),
+            (Element::zero_width(0), ElementKind::ZeroWidth(0)),
+            (Element::zero_width(1 << 40), ElementKind::ZeroWidth(1 << 40)),
+        ];
+        for (i, (a, kind)) in made.iter().enumerate() {
+            assert_eq!(a.kind(), *kind);
+            assert_eq!(a.target(), if let ElementKind::Token(t) = kind { *t } else { 0 });
+            for (j, (b, _)) in made.iter().enumerate() {
+                assert_eq!(a == b, i == j, "{a:?} vs {b:?}");
+            }
+        }
+        assert_ne!(Element::chunk_start(3), Element::zero_width(3));
+    }
 
     /// A trajectory from `(prompt, completion)` token lists.
     pub fn trajectory(turns: &[(&[i64], &[i64])]) -> Trajectory {
         let mut t = Trajectory::default();
         for (p, c) in turns {
             let start = t.elements.len();
-            t.elements.extend_from_slice(p);
+            t.elements.extend(elements_of(p));
             let mid = t.elements.len();
-            t.elements.extend_from_slice(c);
+            t.elements.extend(elements_of(c));
             t.turns.push(TurnSpan {
                 prompt: start..mid,
                 completion: mid..t.elements.len(),
@@ -216,7 +337,7 @@ mod tests {
                 let s = plan
                     .pieces_of(row)
                     .iter()
-                    .flat_map(|p| t.elements[p.elements.clone()].iter().copied())
+                    .flat_map(|p| t.elements[p.elements.clone()].iter().map(|e| e.target()))
                     .collect();
                 (s, row.first_turn, row.n_turns)
             })

@@ -8,7 +8,7 @@
 
 use std::mem::MaybeUninit;
 
-use crate::plan::Piece;
+use crate::plan::{Element, Piece};
 
 /// The model input column a row may also carry: `S[:-1]` as numbers.
 pub enum Inputs<'a> {
@@ -59,7 +59,7 @@ impl std::fmt::Display for Unfilled {
 /// contiguous in `S`).
 pub fn fill_row(
     pieces: &[Piece],
-    elements: &[i64],
+    elements: &[Element],
     logprobs: &[f32],
     weights: impl Fn(usize) -> (f32, f32),
     out: RowOut<'_>,
@@ -100,9 +100,11 @@ pub fn fill_row(
             match &mut inputs {
                 Inputs::None => {}
                 Inputs::I32(dst) => dst[at..input_end].iter_mut().zip(src).for_each(|(d, &s)| {
-                    d.write(s as i32);
+                    d.write(s.target() as i32);
                 }),
-                Inputs::I64(dst) => write(&mut dst[at..input_end], src),
+                Inputs::I64(dst) => dst[at..input_end].iter_mut().zip(src).for_each(|(d, &s)| {
+                    d.write(s.target());
+                }),
             }
         }
         // Targets: position p predicts S[p + 1], so S[at + i] lands at at + i - 1.
@@ -113,8 +115,7 @@ pub fn fill_row(
                 .iter_mut()
                 .zip(&values[skip..])
                 .for_each(|(d, &s)| {
-                    // max(s, 0), in a form SSE2 vectorizes (it has no 64-bit max).
-                    d.write(s & !(s >> 63));
+                    d.write(s.target()); // a chunk's position: 0
                 });
             // Completion targets carry their logprob, advantage and mask;
             // the other positions 0 in all three.
@@ -170,7 +171,7 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::{column, values, FLOAT_SENTINEL, INT_SENTINEL};
     use super::*;
-    use crate::plan::{plan_rows, Keep, Merge, Plan, Trajectory, TurnSpan};
+    use crate::plan::{elements_of, plan_rows, Keep, Merge, Plan, Trajectory, TurnSpan};
 
     struct Columns {
         inputs: Vec<i64>,
@@ -213,8 +214,8 @@ mod tests {
     }
 
     fn one_turn(p: &[i64], c: &[i64]) -> Trajectory {
-        let mut elements = p.to_vec();
-        elements.extend_from_slice(c);
+        let mut elements = elements_of(p);
+        elements.extend(elements_of(c));
         Trajectory {
             elements,
             turns: vec![TurnSpan {

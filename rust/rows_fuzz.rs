@@ -6,7 +6,7 @@
 
 use proptest::prelude::*;
 
-use crate::plan::{plan_rows, Keep, Merge, Plan, Trajectory, TurnSpan};
+use crate::plan::{plan_rows, Element, Keep, Merge, Plan, Trajectory, TurnSpan};
 use crate::rows::testing::{column, values, FLOAT_SENTINEL, INT_SENTINEL};
 use crate::rows::{fill_row, Inputs, RowOut};
 
@@ -64,10 +64,10 @@ fn ours(turns: &[(Vec<i64>, Vec<i64>, Vec<f32>)], merged: bool, a: f32) -> Vec<N
     let mut logprobs = Vec::new();
     for (p, c, lp) in turns {
         let start = t.elements.len();
-        t.elements.extend(p);
+        t.elements.extend(p.iter().map(|&v| Element::token(v)));
         logprobs.extend(p.iter().map(|_| 0.0f32));
         let mid = t.elements.len();
-        t.elements.extend(c);
+        t.elements.extend(c.iter().map(|&v| Element::token(v)));
         logprobs.extend(lp);
         t.turns.push(TurnSpan {
             prompt: start..mid,

@@ -17,23 +17,25 @@ use std::mem::MaybeUninit;
 /// The bytes of a `bytes` field.
 #[derive(Debug)]
 pub enum Payload<'a> {
+    /// Memory that stays as it is while the request lives (a `bytes`
+    /// object's).
     Bytes(&'a [u8]),
+    /// Array `i` of the table given to [`Request::measured`]: memory that
+    /// may change until then (a numpy array's), so looked at only then.
+    Array(usize),
     /// Read from Python ints or converted from another dtype.
     Int32s(Vec<i32>),
     Int64s(Vec<i64>),
 }
 
 impl Payload<'_> {
-    fn len(&self) -> usize {
+    fn len<S: Sink>(&self, s: &S) -> usize {
         match self {
             Payload::Bytes(b) => b.len(),
+            Payload::Array(i) => s.array_len(*i),
             Payload::Int32s(v) => v.len() * 4,
             Payload::Int64s(v) => v.len() * 8,
         }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -188,20 +190,25 @@ pub fn sort_map<V>(entries: &mut Vec<(&[u8], V)>, order: KeyOrder) {
 }
 
 impl<'a> Request<'a> {
-    /// The sizes of the request and of every message in it, computed once.
-    pub fn measured(&self) -> Measured<'_, 'a> {
-        let mut sizer = Sizer::default();
+    /// The sizes of the request and of every message in it, computed once,
+    /// with `arrays` the bytes of its [`Payload::Array`]s.
+    pub fn measured<'r>(&'r self, arrays: &'r [&'r [u8]]) -> Measured<'r, 'a> {
+        let mut sizer = Sizer {
+            arrays,
+            ..Sizer::default()
+        };
         self.emit(&mut sizer);
         Measured {
             request: self,
+            arrays,
             len: sizer.len,
             longest_payload: sizer.longest_payload,
             sizes: sizer.sizes,
         }
     }
 
-    pub fn to_vec(&self) -> Vec<u8> {
-        let measured = self.measured();
+    pub fn to_vec(&self, arrays: &[&[u8]]) -> Vec<u8> {
+        let measured = self.measured(arrays);
         let mut out = Vec::with_capacity(measured.len);
         measured.write_to(&mut out.spare_capacity_mut()[..measured.len]);
         // SAFETY: write_to wrote all `len` bytes.
@@ -214,6 +221,7 @@ impl<'a> Request<'a> {
 /// are written (each before its own contents).
 pub struct Measured<'r, 'a> {
     request: &'r Request<'a>,
+    arrays: &'r [&'r [u8]],
     len: usize,
     longest_payload: usize,
     sizes: Vec<usize>,
@@ -242,10 +250,44 @@ impl Measured<'_, '_> {
             out,
             pos: 0,
             sizes: self.sizes.iter(),
+            arrays: self.arrays,
+            owned: None,
         };
         self.request.emit(&mut w);
         assert_eq!(w.pos, w.out.len(), "request size mismatch");
     }
+
+    /// As [`write_to`](Self::write_to), but the payloads the request owns
+    /// (its `Int32s` and `Int64s`) are left unwritten, each returned with
+    /// its place, for [`write_owned`] to copy: that copy touches only memory
+    /// the request owns, so it can run with the GIL released.
+    pub fn write_borrowed<'m>(&'m self, out: &mut [MaybeUninit<u8>]) -> Vec<(usize, &'m [u8])> {
+        let mut owned = Vec::new();
+        let mut w = Writer {
+            out,
+            pos: 0,
+            sizes: self.sizes.iter(),
+            arrays: self.arrays,
+            owned: Some(&mut owned),
+        };
+        self.request.emit(&mut w);
+        assert_eq!(w.pos, w.out.len(), "request size mismatch");
+        owned
+    }
+}
+
+/// Copies the payloads [`Measured::write_borrowed`] left out into `out`.
+pub fn write_owned(owned: &[(usize, &[u8])], out: &mut [MaybeUninit<u8>]) {
+    for &(at, bytes) in owned {
+        copy_into(&mut out[at..at + bytes.len()], bytes);
+    }
+}
+
+fn copy_into(dst: &mut [MaybeUninit<u8>], bytes: &[u8]) {
+    assert_eq!(dst.len(), bytes.len());
+    // SAFETY: `dst` is `bytes.len()` long (checked), a different allocation
+    // from `bytes`; MaybeUninit<u8> is laid out as u8.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.as_mut_ptr().cast::<u8>(), bytes.len()) };
 }
 
 // ---------------------------------------------------------------------------
@@ -369,7 +411,7 @@ impl Message for ChunkBody<'_, '_> {
     fn emit<S: Sink>(&self, s: &mut S) {
         match self.0 {
             Chunk::Text(tokens) => {
-                if !tokens.is_empty() {
+                if tokens.len(s) > 0 {
                     s.payload(1, tokens);
                 }
             }
@@ -419,7 +461,7 @@ impl Message for SparseCsr<'_, '_> {
         } = self.0
         {
             for (field, payload) in [(1, values), (2, crow_indices), (3, col_indices)] {
-                if !payload.is_empty() {
+                if payload.len(s) > 0 {
                     s.payload(field, payload);
                 }
             }
@@ -504,13 +546,18 @@ trait Sink: Sized {
 
     fn payload(&mut self, field: u32, payload: &Payload<'_>) {
         self.tag(field, LEN);
-        self.varint(payload.len() as u64);
+        self.varint(payload.len(self) as u64);
         match payload {
             Payload::Bytes(b) => self.raw(b),
+            Payload::Array(i) => self.array(*i),
             Payload::Int32s(v) => self.int32s(v),
             Payload::Int64s(v) => self.int64s(v),
         }
     }
+
+    /// The bytes of the request's [`Payload::Array`] `i`.
+    fn array(&mut self, i: usize);
+    fn array_len(&self, i: usize) -> usize;
 
     /// A message field, written even when empty.
     fn message<M: Message>(&mut self, field: u32, m: &M);
@@ -518,7 +565,8 @@ trait Sink: Sized {
 
 /// Counts the bytes, and records each message's body size.
 #[derive(Default)]
-struct Sizer {
+struct Sizer<'r> {
+    arrays: &'r [&'r [u8]],
     len: usize,
     /// The longest single write of bytes: a `bytes` / `string` body (a
     /// varint is at most 10).
@@ -526,16 +574,22 @@ struct Sizer {
     sizes: Vec<usize>,
 }
 
-impl Sizer {
+impl Sizer<'_> {
     fn add(&mut self, n: usize) {
         self.len += n;
         self.longest_payload = self.longest_payload.max(n);
     }
 }
 
-impl Sink for Sizer {
+impl Sink for Sizer<'_> {
     fn raw(&mut self, bytes: &[u8]) {
         self.add(bytes.len());
+    }
+    fn array(&mut self, i: usize) {
+        self.add(self.arrays[i].len());
+    }
+    fn array_len(&self, i: usize) -> usize {
+        self.arrays[i].len()
     }
     fn int32s(&mut self, values: &[i32]) {
         self.add(values.len() * 4);
@@ -564,32 +618,55 @@ struct Writer<'o, 's> {
     pos: usize,
     /// The sizer's message sizes, taken in the same order.
     sizes: std::slice::Iter<'s, usize>,
+    arrays: &'s [&'s [u8]],
+    /// Where the owned payloads go instead of `out`, when they are left for
+    /// [`write_owned`].
+    owned: Option<&'o mut Vec<(usize, &'s [u8])>>,
 }
 
-impl Writer<'_, '_> {
+impl<'s> Writer<'_, 's> {
     /// The next `n` bytes, to be written.
     fn next(&mut self, n: usize) -> &mut [MaybeUninit<u8>] {
         let start = self.pos;
         self.pos += n;
         &mut self.out[start..self.pos]
     }
+
+    /// An owned payload's bytes: written, or left for [`write_owned`].
+    fn owned_bytes(&mut self, bytes: &[u8]) {
+        match &mut self.owned {
+            Some(owned) => {
+                // SAFETY: `bytes` is a payload of the request, which outlives
+                // the `'s` borrow the writer was made with (`write_borrowed`
+                // borrows the measured request for it).
+                let bytes: &'s [u8] = unsafe { std::slice::from_raw_parts(bytes.as_ptr(), bytes.len()) };
+                owned.push((self.pos, bytes));
+                self.pos += bytes.len();
+            }
+            None => self.raw(bytes),
+        }
+    }
 }
 
 impl Sink for Writer<'_, '_> {
     fn raw(&mut self, bytes: &[u8]) {
-        let dst = self.next(bytes.len());
-        // SAFETY: `dst` is `bytes.len()` long (bounds-checked slice), a
-        // different allocation from `bytes`; MaybeUninit<u8> is laid out as u8.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.as_mut_ptr().cast::<u8>(), bytes.len()) };
+        copy_into(self.next(bytes.len()), bytes);
+    }
+    fn array(&mut self, i: usize) {
+        let bytes = self.arrays[i];
+        self.raw(bytes);
+    }
+    fn array_len(&self, i: usize) -> usize {
+        self.arrays[i].len()
     }
     fn int32s(&mut self, values: &[i32]) {
         // SAFETY: an i32 slice is readable as its bytes (no padding; u8 has
         // alignment 1), in native order as numpy's tobytes() gives them.
-        self.raw(unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), values.len() * 4) });
+        self.owned_bytes(unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), values.len() * 4) });
     }
     fn int64s(&mut self, values: &[i64]) {
         // SAFETY: as in `int32s`.
-        self.raw(unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), values.len() * 8) });
+        self.owned_bytes(unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), values.len() * 8) });
     }
     fn message<M: Message>(&mut self, field: u32, m: &M) {
         let len = *self.sizes.next().expect("a message the sizer did not see");
@@ -632,6 +709,12 @@ mod tests {
         fn raw(&mut self, bytes: &[u8]) {
             self.0.extend_from_slice(bytes);
         }
+        fn array(&mut self, i: usize) {
+            self.0.extend_from_slice(ARRAYS[i]);
+        }
+        fn array_len(&self, i: usize) -> usize {
+            ARRAYS[i].len()
+        }
         fn int32s(&mut self, values: &[i32]) {
             for v in values {
                 self.0.extend_from_slice(&v.to_ne_bytes());
@@ -668,7 +751,7 @@ mod tests {
     #[test]
     fn defaults_are_left_out_but_oneof_members_and_map_entries_are_written() {
         // An empty request is no bytes at all.
-        assert_eq!(request(vec![]).to_vec(), b"");
+        assert_eq!(request(vec![]).to_vec(&[]), b"");
         let datum = Datum {
             model_input: vec![Part::Fields(Chunk::Text(Payload::Int32s(vec![])))],
             loss_fn_inputs: vec![(
@@ -687,7 +770,7 @@ mod tests {
             })],
             loss_fn_input_spans: vec![],
         };
-        let bytes = request(vec![datum]).to_vec();
+        let bytes = request(vec![datum]).to_vec(&[]);
         // data { model_input { encoded_text {} }
         //        loss_fn_inputs { key: "" value { dense: "" dtype: FLOAT32 } }
         //        model_input_spans { sampled_tokens {} } }
@@ -718,7 +801,7 @@ mod tests {
         expected.extend([0x3a, 0x0e, 0x0a, 0x01, b'a', 0x12, 0x09, 0x09]);
         expected.extend(1.0f64.to_le_bytes());
         expected.extend([0x3a, 0x07, 0x0a, 0x01, b'b', 0x12, 0x02, 0x12, 0x00]);
-        assert_eq!(r.to_vec(), expected);
+        assert_eq!(r.to_vec(&[]), expected);
     }
 
     #[test]
@@ -738,8 +821,12 @@ mod tests {
         assert_eq!(entries, [(&b"ab"[..], 3), (b"a", 4), (b"b", 0), (&b""[..], 2)]);
     }
 
+    /// The array table of the requests tested.
+    const ARRAYS: &[&[u8]] = &[b"", b"\x01\x02\x03\x04", &[9; 300]];
+
     fn payload() -> impl Strategy<Value = Payload<'static>> {
         prop_oneof![
+            (0..ARRAYS.len()).prop_map(Payload::Array),
             prop::collection::vec(any::<i32>(), 0..5).prop_map(Payload::Int32s),
             prop::collection::vec(any::<i64>(), 0..5).prop_map(Payload::Int64s),
             prop::sample::select(vec![&b""[..], b"x", &[7u8; 200][..]]).prop_map(Payload::Bytes),
@@ -801,11 +888,21 @@ mod tests {
         fn sizes_match_the_bytes_written(data in prop::collection::vec(datum(), 0..4), seq_id in any::<i32>()) {
             let mut r = request(data);
             r.seq_id = seq_id;
-            let bytes = r.to_vec();
-            prop_assert_eq!(bytes.len(), r.measured().len());
+            let bytes = r.to_vec(ARRAYS);
+            let measured = r.measured(ARRAYS);
+            prop_assert_eq!(bytes.len(), measured.len());
             let mut plain = Vec::new();
             r.emit(&mut VecSink(&mut plain));
-            prop_assert_eq!(bytes, plain);
+            prop_assert_eq!(&bytes, &plain);
+            // Written in two passes, borrowed then owned payloads: the same bytes.
+            let mut split = vec![0u8; measured.len()];
+            {
+                // SAFETY: u8 and MaybeUninit<u8> have the same layout.
+                let out = unsafe { &mut *(std::ptr::from_mut::<[u8]>(&mut split[..]) as *mut [MaybeUninit<u8>]) };
+                let owned = measured.write_borrowed(out);
+                write_owned(&owned, out);
+            }
+            prop_assert_eq!(split, plain);
         }
     }
 }

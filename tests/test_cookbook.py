@@ -388,6 +388,8 @@ CASES = {
     # The first chunk repeats the sequence so far (not kept), the second extends it / diverges from it.
     "chunk_repeats_then_extends": [step(ob(text(1, 2)), [3]), step(ob(text(1, 2, 3), text(7, 8)), [9])],
     "chunk_repeats_then_diverges": [step(ob(text(1, 2)), [3]), step(ob(text(1, 2), text(4)), [9])],
+    # A zero-width image first: the first action token is position 0, no target.
+    "zero_width_image_then_the_first_action": [step(ob(image(0)), [6]), step(ob(image(0), text(6, 7)), [])],
     "chunk_repeats_then_ends_short": [step(ob(text(1, 2)), [3, 4]), step(ob(text(1, 2, 3)), [9])],
 }
 

@@ -591,10 +591,10 @@ CRASH_A = textwrap.dedent(
 )
 
 
-def run_script(source: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_script(source: str, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``source`` in a fresh interpreter under the debug allocator and dev mode."""
     env = dict(os.environ, PYTHONMALLOC="debug")
-    args = [sys.executable, "-X", "dev", "-X", "faulthandler", "-c", source]
+    args = [sys.executable, "-X", "dev", "-X", "faulthandler", "-c", source, *argv]
     return subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
 
 
@@ -823,6 +823,138 @@ def test_a_finalizer_that_rewrites_tokens_after_they_are_read_changes_no_datum_h
         assert model_input[1:] == targets[:-1], (model_input, targets)
         # The scenario happened: a finalizer rewrote the list after it was read.
         assert read != rewritten, (read, rewritten)
+
+
+# ---------------------------------------------------------------- arrays resized while they are held
+
+# numpy lets `ndarray.resize(n, refcheck=False)` reallocate an array's memory
+# whatever points into it (a buffer export included). A later Datum's or
+# turn's property (or another thread) that does so to an array read earlier
+# must find no pointer into the old memory. The arrays are 8 MiB: their own
+# mapping, unmapped when freed, so a read of the old memory faults.
+
+RESIZE_EVSYS_SCRIPT = """
+import json, sys
+import numpy as np
+import tinker_rl_data as trd
+from tinker_rl_data.env import Trajectory, TrajectoryGroup, Turn
+
+N, new_len = 1 << 21, int(sys.argv[1])
+first = np.arange(1, 1 + N, dtype=np.int32)
+
+class Resizing:  # a later turn whose prompt_tokens property resizes the first turn's prompt
+    completion_tokens, logprobs = [7, 8], [-0.5, -0.25]
+
+    @property
+    def prompt_tokens(self):
+        first.resize(new_len, refcheck=False)
+        return [1, 2, 3]
+
+def batch(first_prompt, second):
+    return [TrajectoryGroup([Trajectory([Turn(first_prompt, [5, 6], [-1.0, -1.0]), second], 1.0)])]
+
+try:
+    datums, _ = trd.assemble_training_data(batch(first, Resizing()), [[0.5]])
+    got = [[d.model_input.to_ints(), d.loss_fn_inputs["target_tokens"].tolist()] for d in datums]
+    # What the first prompt reads as: its first N values as they are after the resize.
+    prompt = np.zeros(N, dtype=np.int64)
+    prompt[: min(N, new_len)] = first[:N]
+    second = Turn([1, 2, 3], [7, 8], [-0.5, -0.25])
+    expected, _ = trd.assemble_training_data(batch(prompt.tolist(), second), [[0.5]])
+    same = got == [[d.model_input.to_ints(), d.loss_fn_inputs["target_tokens"].tolist()] for d in expected]
+    print(json.dumps(["ok", same]))
+except Exception as e:
+    print(json.dumps(["raised", type(e).__name__, str(e)]))
+"""
+
+
+@pytest.mark.parametrize("new_len", [4, 1 << 22])
+def test_a_property_that_resizes_an_earlier_prompt_array_is_no_crash(new_len):
+    result = run_script(RESIZE_EVSYS_SCRIPT, str(new_len))
+    assert result.returncode == 0, f"exit status {result.returncode}\n{result.stderr[-3000:]}"
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    if new_len < 1 << 21:  # shrunk: as for a list that shrank while read
+        assert out[:2] == ["raised", "RuntimeError"], out
+        assert out[2].startswith("group 0, trajectory 0, turn 0: prompt_tokens changed size while being read"), out
+    else:  # grown: the prompt's first values as the array holds them
+        assert out == ["ok", True], out
+
+
+RESIZE_WIRE_SCRIPT = """
+import json, sys, threading
+import numpy as np
+import tinker
+from tinker import types
+from tinker.proto.request_conv import forward_backward_request_to_proto
+from tinker_rl_data.wire import encode_forward_backward
+
+N = 1 << 21
+
+def datum(tokens, weights):
+    chunk = types.EncodedTextChunk.model_construct(tokens=tokens)  # keeps the array as given
+    return types.Datum(model_input=types.ModelInput(chunks=[chunk]),
+                       loss_fn_inputs={"weights": types.TensorData.from_numpy(weights)})
+
+def request(data):
+    return types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn="cross_entropy"), model_id="m", seq_id=1)
+
+def tinkers(req):
+    return forward_backward_request_to_proto(req).SerializeToString(deterministic=True)
+
+if sys.argv[1] == "property":
+    tokens, weights = np.arange(N, dtype=np.int32), np.ones(N, dtype=np.float32)
+    later = datum([1, 2], np.ones(2, dtype=np.float32))
+
+    class Resizing:  # a later Datum whose model_input property resizes the first Datum's arrays
+        loss_fn_inputs, model_input_spans, loss_fn_input_spans = later.loss_fn_inputs, None, None
+
+        @property
+        def model_input(self):
+            tokens.resize(4, refcheck=False)
+            weights.resize(3, refcheck=False)
+            return later.model_input
+
+    req = request([datum(tokens, weights), later])
+    req.forward_backward_input.data[1] = Resizing()
+    body = encode_forward_backward(req)
+    # The arrays are written as they are once the request is read (and
+    # tinker's encoder, run on them now, gives the same bytes).
+    print(json.dumps(["ok", body == tinkers(req), len(tokens), len(weights)]))
+else:  # a thread resizes the arrays while requests over 1 MiB are written
+    arrays = [(np.arange(N, dtype=np.int32), np.ones(N, dtype=np.float32)) for _ in range(2)]
+    req = request([datum(t, w) for t, w in arrays])
+    stop = threading.Event()
+
+    def resize():
+        n = 0
+        while not stop.is_set():
+            n += 1
+            for t, w in arrays:
+                size = N if n % 2 else 8
+                t.resize(size, refcheck=False)
+                w.resize(size, refcheck=False)
+
+    thread = threading.Thread(target=resize)
+    thread.start()
+    try:
+        sizes = {len(encode_forward_backward(req)) for _ in range(200)}
+    finally:
+        stop.set()
+        thread.join()
+    print(json.dumps(["ok", len(sizes) >= 1]))
+"""
+
+
+@pytest.mark.parametrize("who", ["property", "thread"])
+def test_arrays_resized_while_a_request_is_read_or_written_are_no_crash(who):
+    result = run_script(RESIZE_WIRE_SCRIPT, who)
+    assert result.returncode == 0, f"exit status {result.returncode}\n{result.stderr[-3000:]}"
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    if who == "property":
+        assert out == ["ok", True, 4, 3], out
+    else:
+        assert out == ["ok", True], out
 
 
 if __name__ == "__main__":

@@ -43,7 +43,6 @@ class Fitted:
 
 @final
 class BuiltDatums:
-    def __new__(cls, result: tuple[list[Any], list[Any]], fitted: Fitted) -> BuiltDatums: ...
     @property
     def result(self) -> tuple[list[Any], list[Any]]: ...
     @property

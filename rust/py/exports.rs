@@ -4,7 +4,7 @@
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyDict, PyTuple, PyType};
 
 use crate::advantages::{extend_group_advantages, is_constant, reward_stats, AdvantageRule, Baseline};
 use crate::py::build::{Builder, ClassTuple};
@@ -13,7 +13,40 @@ use crate::py::gc::GcPaused;
 use crate::py::pipeline;
 use crate::py::source::cookbook::Cookbook;
 use crate::py::source::evsys::{read_rewards, Evsys, FitReport, Options};
+use crate::py::step::kl::kl_sample_train;
+use crate::py::step::remove_mask::{datum_without_mask, DatumClasses};
+use crate::py::step::trajectory_metrics::{trajectory_metrics, Reading};
+use crate::py::step::usage::{rollout_counts, training_tokens};
+use crate::py::step::{leave_to_cookbook, InputClasses, Unsupported};
 use crate::py::wire::{encode_forward_backward, TinkerParts};
+
+/// Adds every export to the native module: the one list of them.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("INT_READ", crate::py::read::exact::probe_int_layout(m.py())?)?;
+    m.add("Unsupported", m.py().get_type::<Unsupported>())?;
+    m.add(
+        "ValidationError",
+        m.py().get_type::<crate::py::errors::ValidationError>(),
+    )?;
+    m.add_class::<Fitted>()?;
+    m.add_class::<BuiltDatums>()?;
+    m.add_class::<Rows>()?;
+    m.add_function(wrap_pyfunction!(py_compute_advantages, m)?)?;
+    m.add_function(wrap_pyfunction!(py_reward_metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(py_varied_reward_groups, m)?)?;
+    m.add_function(wrap_pyfunction!(py_assemble_arrays, m)?)?;
+    m.add_function(wrap_pyfunction!(py_assemble_datums, m)?)?;
+    m.add_function(wrap_pyfunction!(py_assemble_cookbook, m)?)?;
+    m.add_function(wrap_pyfunction!(py_encode_forward_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(py_kl_sample_train, m)?)?;
+    m.add_function(wrap_pyfunction!(py_trajectory_metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(py_rollout_counts, m)?)?;
+    m.add_function(wrap_pyfunction!(py_training_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(py_datum_without_mask, m)?)?;
+    m.add_function(wrap_pyfunction!(py_panic_probe, m)?)?;
+    Ok(())
+}
 
 /// How the logprobs of turns were fitted to their completions: counts, and
 /// the first such turn as `(group, trajectory, turn)`.
@@ -44,14 +77,6 @@ impl From<FitReport> for Fitted {
 pub struct BuiltDatums {
     result: Py<PyTuple>,
     fitted: Py<Fitted>,
-}
-
-#[pymethods]
-impl BuiltDatums {
-    #[new]
-    fn new(result: Py<PyTuple>, fitted: Py<Fitted>) -> Self {
-        BuiltDatums { result, fitted }
-    }
 }
 
 /// The result of `assemble_arrays`: flat columns, row `i` is
@@ -227,6 +252,70 @@ pub fn py_encode_forward_backward<'py>(
     parts: TinkerParts<'py>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     guarded(|| encode_forward_backward(request, forward_only, &parts))
+}
+
+// The rest of tinker-cookbook's RL step (`step`): an input the native pass
+// does not read exactly raises `Unsupported`, and the Python layer runs the
+// cookbook's own function.
+
+/// `compute_kl_sample_train`'s `(v1, v2, entropy)`, in one pass over the
+/// Datums' buffers. `tensor_data`: tinker's class, when its fields may be
+/// read directly; `torch_tensor`: `torch.Tensor` (`None` without torch).
+#[pyfunction(name = "kl_sample_train")]
+pub fn py_kl_sample_train<'py>(
+    data: &Bound<'py, PyAny>,
+    training_logprobs: &Bound<'py, PyAny>,
+    tensor_data: Option<Bound<'py, PyType>>,
+    torch_tensor: Option<Bound<'py, PyType>>,
+) -> PyResult<(f64, f64, f64)> {
+    guarded(|| {
+        kl_sample_train(data, training_logprobs, tensor_data.as_ref(), torch_tensor.as_ref())
+            .map_err(|e| leave_to_cookbook(data.py(), e))
+    })
+}
+
+/// `compute_trajectory_metrics(trajectory_groups_P, taglist_P)`: the
+/// groups read once, summed per tag and for all.
+#[pyfunction(name = "trajectory_metrics")]
+pub fn py_trajectory_metrics<'py>(
+    groups: &Bound<'py, PyAny>,
+    taglists: &Bound<'py, PyAny>,
+    input_classes: InputClasses<'py>,
+    own_total_rewards: Option<Bound<'py, PyAny>>,
+    numpy_numbers: Bound<'py, PyTuple>,
+) -> PyResult<Bound<'py, PyDict>> {
+    guarded(|| {
+        let reading = Reading {
+            classes: &input_classes,
+            own_total_rewards: own_total_rewards.as_ref(),
+            numpy_numbers: &numpy_numbers,
+        };
+        trajectory_metrics(groups, taglists, &reading).map_err(|e| leave_to_cookbook(groups.py(), e))
+    })
+}
+
+/// `rollout_usage`'s counts: `(sampled, prefill_cached, prompt tokens)`.
+#[pyfunction(name = "rollout_counts")]
+pub fn py_rollout_counts(groups: &Bound<'_, PyAny>, input_classes: InputClasses<'_>) -> PyResult<(i64, i64, i64)> {
+    guarded(|| rollout_counts(groups, &input_classes).map_err(|e| leave_to_cookbook(groups.py(), e)))
+}
+
+/// `training_usage`'s count: the model-input tokens of the Datums.
+#[pyfunction(name = "training_tokens")]
+pub fn py_training_tokens(data: &Bound<'_, PyAny>, input_classes: InputClasses<'_>) -> PyResult<i64> {
+    guarded(|| training_tokens(data, &input_classes).map_err(|e| leave_to_cookbook(data.py(), e)))
+}
+
+/// `_remove_mask(datum)`: a new Datum with every field of `datum` but its
+/// `loss_fn_inputs`, a new dict without `"mask"`, as
+/// `dataclasses.replace` makes it, built directly (`classes` are tinker's,
+/// whose layout `_build` checked).
+#[pyfunction(name = "datum_without_mask")]
+pub fn py_datum_without_mask<'py>(
+    datum: &Bound<'py, PyAny>,
+    classes: DatumClasses<'py>,
+) -> PyResult<Bound<'py, PyAny>> {
+    guarded(|| datum_without_mask(datum, &classes).map_err(|e| leave_to_cookbook(datum.py(), e)))
 }
 
 /// Panics on purpose, so a test can show a panic surfaces as an exception.

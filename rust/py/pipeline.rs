@@ -11,9 +11,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::error::Location;
-use crate::plan::{plan_rows, Piece, Plan, Row};
+use crate::plan::{plan_rows, Element, ElementKind, Piece, Plan, Row};
 use crate::py::build::{Builder, ChunkOut, FilledRow, ModelInputOut, RowColumns, RowMeta, Unwritten};
-use crate::py::source::cookbook::{is_zero_width, CONTINUATION, ZERO_WIDTH};
 use crate::py::source::{element_span, FrontDoor, RowView, TrajectoryIn};
 use crate::rows::{fill_row, Inputs, RowOut};
 
@@ -85,8 +84,21 @@ fn filled_row<'py, D: FrontDoor<'py>>(
     let (stripped, zero_width);
     let (pieces, row) = if traj.has_zero_width {
         (stripped, zero_width) = without_zero_width(planned, &traj.plain.elements);
-        let len = stripped.iter().map(|p| p.elements.len()).sum();
-        (&stripped[..], &Row { len, ..row.clone() })
+        // Position 0 is no target: a completion that a zero-width chunk put
+        // after it in the plan may now start the row.
+        let (mut len, mut completion_target) = (0, false);
+        for piece in &stripped {
+            completion_target |= piece.completion && (len > 0 || piece.elements.len() > 1);
+            len += piece.elements.len();
+        }
+        (
+            &stripped[..],
+            &Row {
+                len,
+                completion_target,
+                ..row.clone()
+            },
+        )
     } else {
         zero_width = Vec::new();
         (planned, row)
@@ -164,14 +176,17 @@ fn input_chunks<'py>(
                 flush(run, &mut chunks, false)?;
                 chunks.push(ChunkOut::Given(given[id].clone()));
             }
-            if elements[i] >= 0 {
+            if elements[i].is_token() {
                 // Tokens up to the next non-text element, zero-width chunk or `n`.
                 let next_zero_width = zero_width.peek().map_or(usize::MAX, |z| z.0);
                 let limit = end.min(i + (n.min(next_zero_width) - position));
                 let len = if given.is_empty() {
                     limit - i // no non-text elements in the trajectory
                 } else {
-                    elements[i..limit].iter().position(|&e| e < 0).unwrap_or(limit - i)
+                    elements[i..limit]
+                        .iter()
+                        .position(|e| !e.is_token())
+                        .unwrap_or(limit - i)
                 };
                 match run.last_mut() {
                     Some(last) if last.end == i => last.end += len,
@@ -180,9 +195,9 @@ fn input_chunks<'py>(
                 i += len;
                 position += len;
             } else {
-                if elements[i] != CONTINUATION {
+                if let ElementKind::ChunkStart(id) = elements[i].kind() {
                     flush(run, &mut chunks, false)?;
-                    chunks.push(ChunkOut::Given(given[(-(elements[i] + 1)) as usize].clone()));
+                    chunks.push(ChunkOut::Given(given[id].clone()));
                 }
                 i += 1;
                 position += 1;
@@ -222,21 +237,21 @@ impl<'py> Chunks<'py> {
 
 /// `pieces` without their zero-width elements, and those as `(position in
 /// S, chunk id)`.
-fn without_zero_width(pieces: &[Piece], elements: &[i64]) -> (Vec<Piece>, Vec<(usize, usize)>) {
+fn without_zero_width(pieces: &[Piece], elements: &[Element]) -> (Vec<Piece>, Vec<(usize, usize)>) {
     let mut kept = Vec::with_capacity(pieces.len());
     let mut zero_width = Vec::new();
     let mut position = 0;
     for piece in pieces {
         let mut start = piece.elements.start;
         for i in piece.elements.clone() {
-            if is_zero_width(elements[i]) {
+            if let ElementKind::ZeroWidth(id) = elements[i].kind() {
                 if start < i {
                     kept.push(Piece {
                         elements: start..i,
                         ..piece.clone()
                     });
                 }
-                zero_width.push((position, (ZERO_WIDTH - elements[i]) as usize));
+                zero_width.push((position, id));
                 start = i + 1;
             } else {
                 position += 1;

@@ -2,10 +2,13 @@
 //! written as one `bytes` object.
 //!
 //! The readers take what tinker and this package make as it is: token lists
-//! of exact ints (read in place), integer numpy arrays (read as buffers,
-//! `read::buffer`), float32 / int64 `TensorData` arrays, `str` and `bytes`
-//! objects; the arrays, strs and bytes are borrowed, not copied, until the
-//! bytes are written. Anything else (another dtype, numpy scalars, user
+//! of exact ints (read in place), integer numpy arrays, float32 / int64
+//! `TensorData` arrays, `str` and `bytes` objects. Strs and bytes, which do
+//! not change, are borrowed until the bytes are written; arrays, whose
+//! memory user code run by a later Datum could reallocate, are held as
+//! objects and their memory is looked at only once the whole request has
+//! been read, while it is written (no Python code runs then). Only memory
+//! the core owns is touched with the GIL released. Anything else (another dtype, numpy scalars, user
 //! objects, what tinker refuses) goes, one chunk, tensor or span at a time,
 //! to tinker's own encoder (`tinker_rl_data.wire`), so that its bytes and
 //! its exceptions are tinker's by construction. An exception is raised
@@ -17,17 +20,17 @@ use std::convert::Infallible;
 use std::fmt::Display;
 use std::mem::MaybeUninit;
 
-use numpy::{Element, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::PyException;
+use numpy::{Element as _, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyException, PyRuntimeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyBool, PyBytes, PyFloat, PyList, PyString, PyTuple, PyType};
 use pyo3::{ffi, intern};
 
-use crate::error::Location;
-use crate::py::read::buffer::{Kind, Number, NumberBuffer};
-use crate::py::read::{describe, ItemKind, Items};
+use crate::py::read::numbers::{contiguous_bytes, Kind, Numbers, Slice, Value};
+use crate::py::read::{describe, exact_int, pairs, Items, Pair};
 use crate::wire::{
-    sort_map, Chunk, ConfigValue, DType, Datum, KeyOrder, Part, Payload, Request, Shape, Span, Tensor, TensorData,
+    sort_map, write_owned, Chunk, ConfigValue, DType, Datum, KeyOrder, Part, Payload, Request, Shape, Span, Tensor,
+    TensorData,
 };
 
 /// From this size on the bytes are written with the GIL released: below
@@ -71,17 +74,37 @@ pub fn encode_forward_backward<'py>(
             KeyOrder::ShorterFirst
         },
         pairs: Cell::default(),
+        datum: Cell::new(0),
     };
     let message = reader.request(request, forward_only)?;
-    written(request.py(), &message)
+    // Every attribute has been read: from here on no Python code runs
+    // until the bytes are written, so the arrays' memory stays put.
+    let arrays = held.arrays.borrow();
+    let mut bytes = Vec::with_capacity(arrays.len());
+    for array in arrays.iter() {
+        // SAFETY: no Python code runs from here until the bytes are
+        // written (`written` runs none before it is done with `bytes`).
+        match unsafe { array.bytes() } {
+            Some(b) => bytes.push(b),
+            None => return Err(array.changed()),
+        }
+    }
+    // SAFETY: as above.
+    unsafe { written(request.py(), &message, &bytes) }
 }
 
 /// The longest `bytes` field protobuf serializes (2 GiB - 1).
 const MAX_FIELD: usize = i32::MAX as usize;
 
-/// The message's bytes, in a `bytes` object allocated once at its size.
-fn written<'py>(py: Python<'py>, message: &Request<'_>) -> PyResult<Bound<'py, PyBytes>> {
-    let message = message.measured();
+/// The message's bytes, in a `bytes` object allocated once at its size;
+/// `arrays`: the bytes of its arrays.
+///
+/// # Safety
+/// No Python code runs until it returns, but after `arrays` is last used
+/// (an error it raises): `arrays` point into memory that Python code could
+/// reallocate. It runs none itself before that.
+unsafe fn written<'py>(py: Python<'py>, message: &Request<'_>, arrays: &[&[u8]]) -> PyResult<Bound<'py, PyBytes>> {
+    let message = message.measured(arrays);
     if message.longest_payload() > MAX_FIELD {
         // What tinker's encoder (upb) raises for such a field, made here
         // before anything is allocated.
@@ -95,31 +118,77 @@ fn written<'py>(py: Python<'py>, message: &Request<'_>) -> PyResult<Bound<'py, P
     let size = isize::try_from(len).expect("request larger than isize::MAX");
     // SAFETY: with a NULL source, PyBytes_FromStringAndSize returns a new
     // reference to a bytes object of `size` bytes left to its maker to
-    // fill (or NULL with an exception set).
+    // fill (or NULL with an exception set). It runs no Python code: a
+    // bytes object is no GC object, so no collection starts.
     let bytes = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyBytes_FromStringAndSize(std::ptr::null(), size))? };
     // SAFETY: the object's `len` bytes, which no one else sees before it is
     // returned; MaybeUninit: written, never read, here.
     let out =
         unsafe { std::slice::from_raw_parts_mut(ffi::PyBytes_AsString(bytes.as_ptr()).cast::<MaybeUninit<u8>>(), len) };
     if len >= DETACH_AT {
-        // The message borrows memory of objects `Held` keeps alive: strs and
-        // bytes, immutable; numpy arrays, whose buffers stay allocated
-        // (another thread writing one meanwhile races as it would with
-        // numpy's own copies).
-        py.detach(|| message.write_to(out));
+        // The memory of Python objects (arrays, strs, bytes) is copied with
+        // the GIL held, so that no other thread can resize an array
+        // meanwhile; then the payloads the message owns, without it.
+        let owned = message.write_borrowed(out);
+        py.detach(|| write_owned(&owned, out));
     } else {
         message.write_to(out);
     }
     Ok(bytes.cast_into::<PyBytes>()?)
 }
 
-/// The Python objects (and buffer views) whose memory a `Request` borrows,
-/// kept until its bytes are written. Only added to: what it hands out stays
-/// valid as long as it lives.
+/// The Python objects whose memory a `Request` borrows, kept until its
+/// bytes are written. Only added to: what it hands out stays valid as long
+/// as it lives.
 #[derive(Default)]
 struct Held<'py> {
+    /// Strs and bytes, whose memory does not change.
     objects: RefCell<Vec<Bound<'py, PyAny>>>,
-    buffers: RefCell<Vec<NumberBuffer>>,
+    /// The request's [`Payload::Array`]s, by index.
+    arrays: RefCell<Vec<HeldArray<'py>>>,
+}
+
+/// A C-contiguous numpy array whose bytes are a payload, held until they
+/// are written, and the index of its Datum.
+struct HeldArray<'py> {
+    array: Bound<'py, PyUntypedArray>,
+    dtype: DType32,
+    datum: usize,
+}
+
+/// The dtypes of arrays written as they are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DType32 {
+    Int32,
+    Int64,
+    Float32,
+}
+
+impl HeldArray<'_> {
+    /// Its bytes now, if it is still a C-contiguous array of its dtype.
+    ///
+    /// # Safety
+    /// No Python code runs while the slice lives.
+    unsafe fn bytes(&self) -> Option<&[u8]> {
+        let dtype = self.array.dtype();
+        let same = dtype.is_native_byteorder() != Some(false)
+            && match self.dtype {
+                DType32::Int32 => dtype.kind() == b'i' && dtype.itemsize() == 4,
+                DType32::Int64 => dtype.kind() == b'i' && dtype.itemsize() == 8,
+                DType32::Float32 => dtype.kind() == b'f' && dtype.itemsize() == 4,
+            };
+        // SAFETY: no Python code runs while the slice lives (the caller's promise).
+        same.then(|| unsafe { contiguous_bytes(&self.array) }).flatten()
+    }
+
+    /// User code changed the array (its dtype or layout) after it was read.
+    #[cold]
+    fn changed(&self) -> PyErr {
+        PyRuntimeError::new_err(format!(
+            "datum {}: a numpy array of it changed (dtype or layout) while the request was read",
+            self.datum
+        ))
+    }
 }
 
 impl<'py> Held<'py> {
@@ -149,23 +218,16 @@ impl<'py> Held<'py> {
         unsafe { self.keep(b.clone().into_any(), data.as_ptr(), data.len()) }
     }
 
-    /// The bytes of a buffer of back-to-back native int32s.
-    fn int32s(&self, buffer: NumberBuffer) -> &[u8] {
-        let ints = buffer.as_i32_slice().expect("a buffer of plain int32s");
-        let (data, len) = (ints.as_ptr().cast::<u8>(), std::mem::size_of_val(ints));
-        self.buffers.borrow_mut().push(buffer);
-        // SAFETY: the exporter keeps the memory while the view is held,
-        // which `self` does until it is dropped; the slice borrows `self`.
-        unsafe { std::slice::from_raw_parts(data, len) }
-    }
-
-    /// The buffer of a C-contiguous array: its `tobytes()`.
-    fn contiguous<'h>(&'h self, a: &Bound<'py, PyUntypedArray>) -> &'h [u8] {
-        debug_assert!(a.is_c_contiguous());
-        let len = a.shape().iter().product::<usize>() * a.dtype().itemsize();
-        // SAFETY: a C-contiguous array's elements are the `len` bytes at its
-        // data pointer, in a buffer it (or its base, which it holds) owns.
-        unsafe { self.keep(a.clone().into_any(), (*a.as_array_ptr()).fields.data.cast::<u8>(), len) }
+    /// A C-contiguous array of `dtype` in Datum `datum`, its bytes written
+    /// as they are when the request is written.
+    fn array(&self, array: &Bound<'py, PyUntypedArray>, dtype: DType32, datum: usize) -> Payload<'static> {
+        let mut arrays = self.arrays.borrow_mut();
+        arrays.push(HeldArray {
+            array: array.clone(),
+            dtype,
+            datum,
+        });
+        Payload::Array(arrays.len() - 1)
     }
 }
 
@@ -175,9 +237,9 @@ struct Reader<'h, 'py> {
     order: KeyOrder,
     /// A Datum's `loss_fn_inputs` pairs, the buffer reused Datum to Datum.
     pairs: Cell<Vec<Pair<'py>>>,
+    /// The index of the Datum being read.
+    datum: Cell<usize>,
 }
-
-type Pair<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>);
 
 impl<'h, 'py> Reader<'h, 'py> {
     /// What `forward_backward_request_to_proto` reads, in its order.
@@ -247,7 +309,7 @@ impl<'h, 'py> Reader<'h, 'py> {
             return Ok((numbers, values));
         }
         let mut pairs = Vec::new();
-        at(py, items(&config, &mut pairs), || "loss_fn_config")?;
+        at(py, self::pairs(&config, &mut pairs), || "loss_fn_config")?;
         for (key, value) in pairs {
             let mut entry = || -> PyResult<()> {
                 if let Ok(text) = value.cast::<PyString>() {
@@ -274,6 +336,7 @@ impl<'h, 'py> Reader<'h, 'py> {
 
     fn datum(&self, i: usize, datum: &Bound<'py, PyAny>) -> PyResult<Datum<'h>> {
         let py = datum.py();
+        self.datum.set(i);
         let here = || format!("datum {i}");
         let chunks = datum.getattr(intern!(py, "model_input"));
         let chunks = at(py, chunks.and_then(|m| m.getattr(intern!(py, "chunks"))), here)?;
@@ -286,7 +349,7 @@ impl<'h, 'py> Reader<'h, 'py> {
         }
         let mut pairs = self.pairs.take();
         let inputs = datum.getattr(intern!(py, "loss_fn_inputs"));
-        at(py, inputs.and_then(|inputs| items(&inputs, &mut pairs)), here)?;
+        at(py, inputs.and_then(|inputs| self::pairs(&inputs, &mut pairs)), here)?;
         out.loss_fn_inputs.reserve_exact(pairs.len());
         for (name, tensor) in pairs.drain(..) {
             let entry = self.key(&name).and_then(|key| Ok((key, self.tensor(&tensor)?)));
@@ -304,7 +367,7 @@ impl<'h, 'py> Reader<'h, 'py> {
         let py = chunk.py();
         let parts = self.parts;
         let fields = if is_a(chunk, &parts.encoded_text_chunk)? {
-            self.tokens(&chunk.getattr(intern!(py, "tokens"))?)?.map(Chunk::Text)
+            self.tokens(&chunk.getattr(intern!(py, "tokens"))?).map(Chunk::Text)
         } else if is_a(chunk, &parts.image_chunk)? {
             self.image(chunk)?
         } else if is_a(chunk, &parts.dmel_chunk)? {
@@ -321,35 +384,36 @@ impl<'h, 'py> Reader<'h, 'py> {
     /// Token bytes of a list or tuple of exact ints in int32 range, or of
     /// a 1-D integer or bool numpy array (converted as numpy converts to
     /// int32: wrapping); `None` for anything else.
-    fn tokens(&self, tokens: &Bound<'py, PyAny>) -> PyResult<Option<Payload<'h>>> {
-        if tokens.is_exact_instance_of::<PyList>() || tokens.is_exact_instance_of::<PyTuple>() {
-            let items = Items::of(tokens, "tokens", ItemKind::Token, Location::BATCH)?;
+    fn tokens(&self, tokens: &Bound<'py, PyAny>) -> Option<Payload<'h>> {
+        if let Some(items) = Items::of_exact_sequence(tokens, "tokens") {
             let mut values = Vec::new();
-            return Ok(items.read_int32s(&mut values).then_some(Payload::Int32s(values)));
+            return items.read_exact_ints(&mut values).then_some(Payload::Int32s(values));
         }
-        if !tokens.is_exact_instance_of::<PyUntypedArray>() {
-            return Ok(None); // what numpy makes of other objects is numpy's to say
-        }
-        // An array whose buffer numpy will not export (a datetime, say) is numpy's too.
-        let Some(Ok(buffer)) = NumberBuffer::of(tokens).ok().flatten() else {
-            return Ok(None);
+        let Ok(array) = tokens.cast_exact::<PyUntypedArray>() else {
+            return None; // what numpy makes of other objects is numpy's to say
         };
-        if buffer.kind() == Kind::Float {
-            return Ok(None); // numpy's float casts round, saturate and warn as numpy decides
+        // One numpy will not export as numbers (a datetime, say) is numpy's too.
+        let Some(Ok(numbers)) = Numbers::of(tokens).ok().flatten() else {
+            return None;
+        };
+        if numbers.kind() == Kind::Float {
+            return None; // numpy's float casts round, saturate and warn as numpy decides
         }
-        if buffer.as_i32_slice().is_some() {
-            return Ok(Some(Payload::Bytes(self.held.int32s(buffer))));
+        // SAFETY: the view is read and dropped with no Python code run.
+        let view = unsafe { numbers.view() }?;
+        if matches!(view.slice(), Some(Slice::I32(_))) && array.is_c_contiguous() {
+            return Some(self.held.array(array, DType32::Int32, self.datum.get()));
         }
-        let mut values = Vec::with_capacity(buffer.len());
-        let Ok(()) = buffer.for_each(|_, v| {
+        let mut values = Vec::with_capacity(view.len());
+        let Ok(()) = view.for_each(|_, v| {
             values.push(match v {
-                Number::Int(v) => v as i32,
-                Number::Huge(v) => v as i32,
-                Number::Float(v) => v as i32, // not reached: the kind is checked
+                Value::Int(v) => v as i32,
+                Value::Huge(v) => v as i32,
+                Value::Float(v) => v as i32, // not reached: the kind is checked
             });
             Ok::<(), Infallible>(())
         });
-        Ok(Some(Payload::Int32s(values)))
+        Some(Payload::Int32s(values))
     }
 
     fn image(&self, chunk: &Bound<'py, PyAny>) -> PyResult<Option<Chunk<'h>>> {
@@ -393,28 +457,40 @@ impl<'h, 'py> Reader<'h, 'py> {
         };
         let dims = td.getattr(intern!(py, "shape"))?;
         let mut shape = Shape::default();
-        if !dims.is_none() && !exact_ints(&dims, |d| shape.push(d)) {
-            return Ok(None);
+        if !dims.is_none() {
+            let Some(dims) = Items::of_exact_sequence(&dims, "shape") else {
+                return Ok(None);
+            };
+            let mut read = Vec::new();
+            if !dims.read_exact_ints::<i64>(&mut read) {
+                return Ok(None);
+            }
+            for d in read {
+                shape.push(d);
+            }
         }
         let array = td.getattr(intern!(py, "_numpy"))?;
         let Ok(array) = array.cast_exact::<PyUntypedArray>() else {
             return Ok(None);
         };
-        let wanted = match dtype {
-            DType::Float32 => f32::get_dtype(py),
-            DType::Int64 => i64::get_dtype(py),
+        let (wanted, dtype32) = match dtype {
+            DType::Float32 => (f32::get_dtype(py), DType32::Float32),
+            DType::Int64 => (i64::get_dtype(py), DType32::Int64),
         };
         if !array.dtype().is_equiv_to(&wanted) || !array.is_c_contiguous() {
             return Ok(None);
         }
-        let values = Payload::Bytes(self.held.contiguous(array));
+        let values = self.held.array(array, dtype32, self.datum.get());
         let crow_indices = td.getattr(intern!(py, "sparse_crow_indices"))?;
         let data = if crow_indices.is_none() {
             TensorData::Dense(values)
         } else {
             let col_indices = td.getattr(intern!(py, "sparse_col_indices"))?;
             let (mut crow, mut col) = (Vec::new(), Vec::new());
-            if !exact_ints(&crow_indices, |i| crow.push(i)) || !exact_ints(&col_indices, |i| col.push(i)) {
+            let ints = |obj: &Bound<'py, PyAny>, out: &mut Vec<i64>| {
+                Items::of_exact_sequence(obj, "sparse indices").is_some_and(|items| items.read_exact_ints(out))
+            };
+            if !ints(&crow_indices, &mut crow) || !ints(&col_indices, &mut col) {
                 return Ok(None);
             }
             TensorData::SparseCsr {
@@ -545,34 +621,4 @@ fn is_a(obj: &Bound<'_, PyAny>, class: &Bound<'_, PyType>) -> PyResult<bool> {
         return Ok(true);
     }
     obj.is_instance(class)
-}
-
-/// The value of an exact `int` that fits in an i64.
-fn exact_int(obj: &Bound<'_, PyAny>) -> Option<i64> {
-    obj.cast_exact::<PyInt>().ok()?.extract::<i64>().ok()
-}
-
-/// Puts each item of a list or tuple of exact ints that fit in an i64;
-/// `false` for anything else (some may have been put).
-fn exact_ints(obj: &Bound<'_, PyAny>, mut put: impl FnMut(i64)) -> bool {
-    let mut each = |item: Bound<'_, PyAny>| exact_int(&item).map(&mut put).is_some();
-    if let Ok(list) = obj.cast_exact::<PyList>() {
-        list.iter().all(&mut each)
-    } else if let Ok(tuple) = obj.cast_exact::<PyTuple>() {
-        tuple.iter().all(&mut each)
-    } else {
-        false
-    }
-}
-
-/// A mapping's `(key, value)` pairs, as `mapping.items()` gives them, into `pairs`.
-fn items<'py>(mapping: &Bound<'py, PyAny>, pairs: &mut Vec<Pair<'py>>) -> PyResult<()> {
-    if let Ok(dict) = mapping.cast_exact::<PyDict>() {
-        pairs.extend(dict.iter()); // no Python code runs while a dict is walked
-        return Ok(());
-    }
-    for pair in mapping.call_method0(intern!(mapping.py(), "items"))?.try_iter()? {
-        pairs.push(pair?.extract()?);
-    }
-    Ok(())
 }

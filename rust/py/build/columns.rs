@@ -7,7 +7,7 @@ use std::mem::MaybeUninit;
 use numpy::{Element, PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
-use crate::plan::Piece;
+use crate::plan::{self, Piece};
 use crate::rows::{fill_row, Inputs, RowOut, Unfilled};
 
 /// A fresh 1-D numpy array, not yet written, that this code alone can see:
@@ -131,7 +131,7 @@ impl<'py> RowColumns<'py> {
     pub fn fill(
         mut self,
         pieces: &[Piece],
-        elements: &[i64],
+        elements: &[plan::Element],
         logprobs: &[f32],
         weights: impl Fn(usize) -> (f32, f32),
     ) -> Result<FilledColumns<'py>, Unfilled> {

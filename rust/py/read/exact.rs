@@ -4,10 +4,8 @@
 //! Through the stable ABI's functions (`PyList_GetItem`, then
 //! `PyLong_AsLongLongAndOverflow` or `PyFloat_AsDouble`) an item costs two
 //! calls; here it is a few loads, as CPython's own macros and Cython read
-//! them. A tinker-cookbook call on a quarter of single_turn_long went from
-//! 58.4M to 40.3M instructions (callgrind), 25.0 to 22.4 ns per position.
-//! This is why the wheel is built per CPython version, not as one abi3
-//! wheel.
+//! them (bench/RESULTS.md has the measurements). This is why the wheel is
+//! built per CPython version, not as one abi3 wheel.
 //!
 //! An `int` is read from its digits only in the layouts probed at import
 //! ([`probe_int_layout`]: CPython 3.11's `ob_size`, 3.12+'s `lv_tag`),
@@ -90,7 +88,7 @@ impl RawItems {
 }
 
 /// How this interpreter's exact ints are read (chosen at import): one of
-/// the `BY_` constants, for [`exact_int`].
+/// the `BY_` constants, for [`int_in_place`].
 pub fn int_read() -> u8 {
     INT_LAYOUT.load(Ordering::Relaxed)
 }
@@ -102,7 +100,7 @@ pub fn int_read() -> u8 {
 /// `item` is NULL or a live object, and `LAYOUT` is [`int_read`]'s
 /// answer (a constant, so that each read loop is made for one layout).
 #[inline]
-pub unsafe fn exact_int<const LAYOUT: u8>(item: *mut ffi::PyObject) -> Option<i64> {
+pub unsafe fn int_in_place<const LAYOUT: u8>(item: *mut ffi::PyObject) -> Option<i64> {
     // SAFETY: `item` is live (caller). On CPython 3.11+ (the only versions
     // the probe accepts a layout for) an exact int, zero included, is at
     // least its header plus one digit long, so the loads below stay inside
@@ -140,7 +138,7 @@ pub unsafe fn exact_int<const LAYOUT: u8>(item: *mut ffi::PyObject) -> Option<i6
 /// # Safety
 /// `item` is NULL or a live object.
 #[inline]
-pub unsafe fn exact_float(item: *mut ffi::PyObject) -> Option<f64> {
+pub unsafe fn float_in_place(item: *mut ffi::PyObject) -> Option<f64> {
     // SAFETY: `item` is live (caller); an exact float holds its value in
     // `ob_fval`, which the macro reads.
     unsafe {
@@ -148,7 +146,7 @@ pub unsafe fn exact_float(item: *mut ffi::PyObject) -> Option<f64> {
     }
 }
 
-/// Chooses how [`exact_int`] reads ints on this interpreter: the layout
+/// Chooses how [`int_in_place`] reads ints on this interpreter: the layout
 /// its version documents in `cpython/longintrepr.h`, if single-digit ints
 /// read that way give back known values and larger ones are not taken for
 /// single-digit; else the C API. Returns the choice, for the log.
@@ -198,8 +196,8 @@ fn reads_known_ints(py: Python<'_>, layout: u8) -> PyResult<bool> {
         // SAFETY: `int` is a live exact int, held for the call.
         let read = unsafe {
             match layout {
-                BY_OB_SIZE => exact_int::<BY_OB_SIZE>(int.as_ptr()),
-                _ => exact_int::<BY_LV_TAG>(int.as_ptr()),
+                BY_OB_SIZE => int_in_place::<BY_OB_SIZE>(int.as_ptr()),
+                _ => int_in_place::<BY_LV_TAG>(int.as_ptr()),
             }
         };
         ok &= read == Some(v);

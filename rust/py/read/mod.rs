@@ -14,16 +14,17 @@
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyAttributeError, PyOverflowError, PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use pyo3::{ffi, intern};
 
 use crate::error::{ErrorKind, InputError, Location};
+use crate::plan::Element;
 use crate::py::gc::collector_off;
-use buffer::{Kind, NotNumbers, Number, NumberBuffer};
-use exact::{exact_float, exact_int, int_read, RawItems, BY_API, BY_LV_TAG, BY_OB_SIZE};
+use exact::{float_in_place, int_in_place, int_read, RawItems, BY_API, BY_LV_TAG, BY_OB_SIZE};
+use numbers::{Kind, NotNumbers, Numbers, Slice, Value, View};
 
-pub mod buffer;
 pub mod exact;
+pub mod numbers;
 
 pub const MAX_TOKEN: i64 = i32::MAX as i64;
 
@@ -70,7 +71,7 @@ enum Seq<'py> {
     List(Bound<'py, PyList>),
     Tuple(Bound<'py, PyTuple>),
     /// Numbers in memory (no Python object per element).
-    Numbers(NumberBuffer),
+    Numbers(Numbers<'py>),
 }
 
 impl<'py> Items<'py> {
@@ -95,7 +96,7 @@ impl<'py> Items<'py> {
             }
         }
         if numbers {
-            match NumberBuffer::of(obj)? {
+            match Numbers::of(obj)? {
                 Some(Ok(buffer)) => {
                     if kind == ItemKind::Token && buffer.kind() == Kind::Float {
                         let message = format!("{what} holds floats, not integers ({})", type_name(obj));
@@ -128,6 +129,26 @@ impl<'py> Items<'py> {
         }
     }
 
+    /// The items of an exact list or tuple (`None` for anything else,
+    /// subclasses included: one may iterate otherwise than its storage).
+    pub fn of_exact_sequence(obj: &Bound<'py, PyAny>, what: &'static str) -> Option<Self> {
+        let py = obj.py();
+        let items = |seq: Seq<'py>, len: usize| Items {
+            py,
+            seq,
+            len,
+            what,
+            at: Location::BATCH,
+        };
+        if let Ok(list) = obj.cast_exact::<PyList>() {
+            Some(items(Seq::List(list.clone()), list.len()))
+        } else if let Ok(tuple) = obj.cast_exact::<PyTuple>() {
+            Some(items(Seq::Tuple(tuple.clone()), tuple.len()))
+        } else {
+            None
+        }
+    }
+
     /// `obj.name` (a located `TypeError` when missing) read as [`Items::of`]
     /// reads a sequence.
     pub fn of_attr(
@@ -153,12 +174,29 @@ impl<'py> Items<'py> {
         match &self.seq {
             Seq::List(l) => l.get_item(i).map_err(|_| self.shrank()),
             Seq::Tuple(t) => t.get_item(i),
-            Seq::Numbers(numbers) => match numbers.get(i) {
-                Some(Number::Int(v)) => Ok(v.into_pyobject(self.py)?.into_any()),
-                Some(Number::Huge(v)) => Ok(v.into_pyobject(self.py)?.into_any()),
-                Some(Number::Float(v)) => Ok(PyFloat::new(self.py, v).into_any()),
-                None => Err(self.shrank()),
-            },
+            Seq::Numbers(numbers) => {
+                // SAFETY: the view is dropped before any Python code runs.
+                let element = unsafe { numbers.view() }.and_then(|view| view.get(i));
+                match element {
+                    Some(Value::Int(v)) => Ok(v.into_pyobject(self.py)?.into_any()),
+                    Some(Value::Huge(v)) => Ok(v.into_pyobject(self.py)?.into_any()),
+                    Some(Value::Float(v)) => Ok(PyFloat::new(self.py, v).into_any()),
+                    None => Err(self.shrank()),
+                }
+            }
+        }
+    }
+
+    /// `read(view)` of the first `len` elements of the buffer as it is now.
+    ///
+    /// # Safety
+    /// `read` runs no Python code (the view points into memory that Python
+    /// code could reallocate).
+    unsafe fn with_view<T>(&self, numbers: &Numbers<'py>, read: impl FnOnce(View<'_>) -> T) -> PyResult<T> {
+        // SAFETY: the view lives only inside `read` (the caller's promise).
+        match unsafe { numbers.view() }.and_then(|view| view.first(self.len)) {
+            Some(view) => Ok(read(view)),
+            None => Err(self.shrank()),
         }
     }
 
@@ -175,7 +213,7 @@ impl<'py> Items<'py> {
         match &self.seq {
             Seq::List(l) => l.len(),
             Seq::Tuple(t) => t.len(),
-            Seq::Numbers(n) => n.len(),
+            Seq::Numbers(n) => n.len(), // not read: buffers share no ints
         }
     }
 
@@ -239,6 +277,37 @@ fn check_array(array: &Bound<'_, PyUntypedArray>, what: &'static str, kind: Item
 fn not_a_sequence(obj: &Bound<'_, PyAny>, what: &'static str, at: Location) -> PyErr {
     let message = format!("{what} must be a sequence, got {}", type_name(obj));
     InputError::new(ErrorKind::Type, at, message).into()
+}
+
+/// The value of an exact `int` that fits in an i64 (not a `bool`, not a
+/// subclass). Runs no Python code.
+pub fn exact_int(obj: &Bound<'_, PyAny>) -> Option<i64> {
+    // SAFETY: `obj` is held alive; the in-place read runs no Python code,
+    // and BY_API reads through the C API whatever the layout.
+    unsafe { int_in_place::<BY_API>(obj.as_ptr()) }
+}
+
+/// The value of an exact `float` (not a subclass). Runs no Python code.
+pub fn exact_float(obj: &Bound<'_, PyAny>) -> Option<f64> {
+    // SAFETY: `obj` is held alive; the read runs no Python code.
+    unsafe { float_in_place(obj.as_ptr()) }
+}
+
+/// A mapping's `(key, value)` pair.
+pub type Pair<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>);
+
+/// A mapping's pairs, as `mapping.items()` gives them, appended to `out`:
+/// all of them taken before any is read, so that code a value runs cannot
+/// change the mapping under the walk. An exact dict is walked in C.
+pub fn pairs<'py>(mapping: &Bound<'py, PyAny>, out: &mut Vec<Pair<'py>>) -> PyResult<()> {
+    if let Ok(dict) = mapping.cast_exact::<PyDict>() {
+        out.extend(dict.iter()); // no Python code runs while a dict is walked
+        return Ok(());
+    }
+    for pair in mapping.call_method0(intern!(mapping.py(), "items"))?.try_iter()? {
+        out.push(pair?.extract()?);
+    }
+    Ok(())
 }
 
 /// Names an item of a field in messages: `prompt_tokens[5]`.
@@ -337,10 +406,15 @@ impl Items<'_> {
     /// holds exactly the ints read. User code run earlier may have turned
     /// the collector back on: then a collection set off by any allocation
     /// could run finalizers that change the sequence before it is copied.
-    pub fn read_tokens(&self, field: &str, limit: i64, at: Location, out: &mut Vec<i64>) -> PyResult<bool> {
+    pub fn read_tokens(&self, field: &str, limit: i64, at: Location, out: &mut Vec<Element>) -> PyResult<bool> {
         if let Seq::Numbers(numbers) = &self.seq {
-            read_buffer_tokens(numbers, field, limit, at, out)?;
-            return Ok(false);
+            // SAFETY: the view is dropped before the error is made; reading
+            // runs no Python code.
+            let read = unsafe { self.with_view(numbers, |view| read_buffer_tokens(&view, limit, out)) }?;
+            return match read {
+                Ok(()) => Ok(false),
+                Err((value, k)) => Err(buffer_token_error(value, Item { field, index: k }, limit, at)),
+            };
         }
         let quiet = collector_off(self.py());
         let exact = match int_read() {
@@ -356,7 +430,7 @@ impl Items<'_> {
         field: &str,
         limit: i64,
         at: Location,
-        out: &mut Vec<i64>,
+        out: &mut Vec<Element>,
     ) -> PyResult<bool> {
         out.reserve(self.len);
         let start = out.len();
@@ -367,7 +441,7 @@ impl Items<'_> {
         unsafe {
             self.read_each(
                 // SAFETY: `read_each` passes a live item (or NULL).
-                |item| exact_int::<LAYOUT>(item).filter(|v| (0..limit).contains(v)),
+                |item| int_in_place::<LAYOUT>(item).filter(|v| (0..limit).contains(v)),
                 |i| {
                     // Takes the item anew (strongly) and says what is wrong.
                     let (v, is_exact) = token_at(self, i, field, limit, at)?;
@@ -375,7 +449,7 @@ impl Items<'_> {
                     Ok(v)
                 },
                 |i, v| {
-                    slots[i].write(v);
+                    slots[i].write(Element::token(v));
                 },
             )?;
         }
@@ -384,19 +458,22 @@ impl Items<'_> {
         Ok(exact)
     }
 
-    /// Appends every item to `out` if all are exact ints in int32 range,
+    /// Appends every item to `out` if all are exact ints that fit in `T`,
     /// read in place; else says `false` at the first that is not (what is
-    /// in `out` then is unspecified). Runs no Python code: the caller hands
-    /// a declined sequence to numpy, whose int32 conversion decides.
-    pub fn read_int32s(&self, out: &mut Vec<i32>) -> bool {
+    /// in `out` then is unspecified). Runs no Python code: the encoder hands
+    /// a declined sequence to tinker's own (numpy's int32 conversion, say).
+    pub fn read_exact_ints<T: TryFrom<i64>>(&self, out: &mut Vec<T>) -> bool {
+        if let Seq::Numbers(_) = self.seq {
+            return false;
+        }
         match int_read() {
-            BY_OB_SIZE => self.read_int32s_as::<BY_OB_SIZE>(out),
-            BY_LV_TAG => self.read_int32s_as::<BY_LV_TAG>(out),
-            _ => self.read_int32s_as::<BY_API>(out),
+            BY_OB_SIZE => self.read_exact_ints_as::<BY_OB_SIZE, T>(out),
+            BY_LV_TAG => self.read_exact_ints_as::<BY_LV_TAG, T>(out),
+            _ => self.read_exact_ints_as::<BY_API, T>(out),
         }
     }
 
-    fn read_int32s_as<const LAYOUT: u8>(&self, out: &mut Vec<i32>) -> bool {
+    fn read_exact_ints_as<const LAYOUT: u8, T: TryFrom<i64>>(&self, out: &mut Vec<T>) -> bool {
         /// Asks the CPU to start loading `object`'s header; a hint, no access.
         #[inline]
         fn prefetch(object: *mut ffi::PyObject) {
@@ -426,7 +503,7 @@ impl Items<'_> {
                 prefetch(ahead);
             }
             // SAFETY: a live item of the list or tuple `self` holds.
-            match unsafe { exact_int::<LAYOUT>(item) }.and_then(|v| i32::try_from(v).ok()) {
+            match unsafe { int_in_place::<LAYOUT>(item) }.and_then(|v| T::try_from(v).ok()) {
                 Some(v) => _ = slot.write(v),
                 None => return false,
             }
@@ -448,13 +525,18 @@ impl Items<'_> {
         is_int: &mut Vec<bool>,
     ) -> PyResult<bool> {
         if let Seq::Numbers(numbers) = &self.seq {
-            let int = numbers.kind() != Kind::Float;
-            values.reserve(self.len);
+            // SAFETY: reading the view runs no Python code.
+            let int = unsafe {
+                self.with_view(numbers, |view| {
+                    values.reserve(self.len);
+                    let Ok(()) = view.for_each(|_, v| {
+                        values.push(v.as_f64());
+                        Ok::<(), std::convert::Infallible>(())
+                    });
+                    view.kind() != Kind::Float
+                })
+            }?;
             is_int.resize(is_int.len() + self.len, int);
-            let Ok(()) = numbers.for_each(|_, v| {
-                values.push(v.as_f64());
-                Ok::<(), std::convert::Infallible>(())
-            });
             return Ok(int && self.len > 0);
         }
         let start = values.len();
@@ -469,7 +551,7 @@ impl Items<'_> {
         unsafe {
             self.read_each(
                 // SAFETY: `read_each` passes a live item (or NULL).
-                |item| exact_float(item),
+                |item| float_in_place(item),
                 |k| {
                     let (v, int) = any_real(&self.get(k)?, what, Item { field, index: k }, at)?;
                     is_int[k] = int;
@@ -490,8 +572,13 @@ impl Items<'_> {
     /// `out.len()` of them to `out`; says whether all were exact `float`s.
     pub fn read_logprobs(&self, at: Location, out: &mut [f32]) -> PyResult<bool> {
         if let Seq::Numbers(numbers) = &self.seq {
-            read_buffer_logprobs(numbers, at, out)?;
-            return Ok(false);
+            // SAFETY: the view is dropped before the error is made; reading
+            // runs no Python code.
+            let read = unsafe { self.with_view(numbers, |view| read_buffer_logprobs(&view, out)) }?;
+            return match read {
+                Ok(()) => Ok(false),
+                Err((v, k)) => Err(buffer_logprob_error(v, k, at)),
+            };
         }
         let mut exact = true;
         // SAFETY: `fast` reads an exact float in place and `put` stores a
@@ -501,7 +588,7 @@ impl Items<'_> {
                 // float32 is the wire dtype; overflow is checked.
                 // SAFETY: `read_each` passes a live item (or NULL).
                 #[allow(clippy::cast_possible_truncation)]
-                |item| exact_float(item).map(|v| v as f32).filter(|v| v.is_finite()),
+                |item| float_in_place(item).map(|v| v as f32).filter(|v| v.is_finite()),
                 |k| {
                     let (v, is_exact) = logprob_at(self, k, at)?;
                     exact &= is_exact;
@@ -518,66 +605,55 @@ impl Items<'_> {
     }
 }
 
-/// [`Items::read_tokens`] of a buffer: each number checked to be a token
-/// below `limit`.
-fn read_buffer_tokens(
-    numbers: &NumberBuffer,
-    field: &str,
-    limit: i64,
-    at: Location,
-    out: &mut Vec<i64>,
-) -> PyResult<()> {
-    let start = out.len();
-    if let Some(ints) = numbers.as_i32_slice() {
-        // tinker's `tokens_np`: a plain loop the compiler vectorizes.
-        out.extend(ints.iter().map(|&v| i64::from(v)));
-        if let Some(k) = out[start..].iter().position(|v| !(0..limit).contains(v)) {
-            return Err(buffer_token_error(
-                Number::Int(out[start + k]),
-                Item { field, index: k },
-                limit,
-                at,
-            ));
+/// [`Items::read_tokens`] of a buffer's elements: each checked to be a
+/// token below `limit`; else the first that is not, and its index.
+fn read_buffer_tokens(view: &View<'_>, limit: i64, out: &mut Vec<Element>) -> Result<(), (Value, usize)> {
+    if let Some(Slice::I32(ints)) = view.slice() {
+        // tinker's `tokens_np`: plain loops the compiler vectorizes.
+        if let Some(k) = ints.iter().position(|&v| !(0..limit).contains(&i64::from(v))) {
+            return Err((Value::Int(i64::from(ints[k])), k));
         }
+        out.extend(ints.iter().map(|&v| Element::token(i64::from(v))));
         return Ok(());
     }
-    out.reserve(numbers.len());
-    numbers.for_each(|k, v| match v {
-        Number::Int(v) if (0..limit).contains(&v) => {
-            out.push(v);
+    out.reserve(view.len());
+    view.for_each(|k, v| match v {
+        Value::Int(v) if (0..limit).contains(&v) => {
+            out.push(Element::token(v));
             Ok(())
         }
-        _ => Err(buffer_token_error(v, Item { field, index: k }, limit, at)),
+        _ => Err((v, k)),
     })
 }
 
 #[cold]
-fn buffer_token_error(value: Number, at_item: Item<'_>, limit: i64, at: Location) -> PyErr {
+fn buffer_token_error(value: Value, at_item: Item<'_>, limit: i64, at: Location) -> PyErr {
     let (value, described) = match value {
-        Number::Int(v) => (Integer::Value(v), v.to_string()),
-        Number::Huge(v) => (Integer::TooLarge, v.to_string()),
-        Number::Float(v) => (Integer::Not, v.to_string()),
+        Value::Int(v) => (Integer::Value(v), v.to_string()),
+        Value::Huge(v) => (Integer::TooLarge, v.to_string()),
+        Value::Float(v) => (Integer::Not, v.to_string()),
     };
     token_error(&described, "float", value, at_item, limit, at)
 }
 
-/// [`Items::read_logprobs`] of a buffer: each number finite as float32.
-fn read_buffer_logprobs(numbers: &NumberBuffer, at: Location, out: &mut [f32]) -> PyResult<()> {
-    if let Some(floats) = numbers.as_f32_slice() {
+/// [`Items::read_logprobs`] of a buffer's elements: each finite as
+/// float32; else the first that is not, and its index.
+fn read_buffer_logprobs(view: &View<'_>, out: &mut [f32]) -> Result<(), (f64, usize)> {
+    if let Some(Slice::F32(floats)) = view.slice() {
         // tinker's `logprobs_np`.
         let n = out.len().min(floats.len());
         out[..n].copy_from_slice(&floats[..n]);
         return match floats.iter().position(|v| !v.is_finite()) {
-            Some(k) => Err(buffer_logprob_error(f64::from(floats[k]), k, at)),
+            Some(k) => Err((f64::from(floats[k]), k)),
             None => Ok(()),
         };
     }
-    numbers.for_each(|k, v| {
+    view.for_each(|k, v| {
         let v = v.as_f64();
         #[allow(clippy::cast_possible_truncation)] // float32 is the wire dtype; overflow is checked
         let single = v as f32;
         if !single.is_finite() {
-            return Err(buffer_logprob_error(v, k, at));
+            return Err((v, k));
         }
         if let Some(slot) = out.get_mut(k) {
             *slot = single;

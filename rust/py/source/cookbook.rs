@@ -6,13 +6,11 @@
 //! the sequence so far, `mask`, parse-error masking, provenance spans, and
 //! its errors in its order.
 //!
-//! A non-text chunk is one opaque element per position: the first holds
-//! `-(id + 1)` (`id` numbers the distinct chunks of the trajectory, equal
-//! chunks sharing one), the rest [`CONTINUATION`]; so comparing elements
-//! compares chunks by equality, as the cookbook does, and a chunk's
-//! positions have target 0. A chunk of length 0 is one element that takes
-//! no position, `ZERO_WIDTH - id`: rows are planned with it and filled
-//! without it (`pipeline.rs`).
+//! A non-text chunk is one element per position ([`Element`]: its start,
+//! then its rest), numbered by equality with the trajectory's other chunks,
+//! so that comparing elements compares chunks as the cookbook does; a
+//! chunk's positions have target 0. A chunk of length 0 is one zero-width
+//! element: rows are planned with it and filled without it (`pipeline.rs`).
 
 use std::ops::Range;
 
@@ -22,21 +20,11 @@ use pyo3::prelude::*;
 use pyo3::types::PyFloat;
 
 use crate::error::{ErrorKind, InputError, Location, StepName};
-use crate::plan::{Keep, Merge, Piece, Row, TurnSpan};
+use crate::plan::{Element, Keep, Merge, Piece, Row, TurnSpan};
 use crate::py::build::{Column, Dtype, FilledColumns, LossInput, LossKey, MetadataKind};
 use crate::py::read::{any_real, attr, Item, ItemKind, Items, MAX_TOKEN};
 use crate::py::source::ints::Role;
 use crate::py::source::{ClosedBefore, FrontDoor, Place, Provenance, RowRule, RowView, TrajectoryIn};
-
-/// The positions of a non-text chunk after its first.
-pub const CONTINUATION: i64 = i64::MIN;
-
-/// A non-text chunk of length 0: `ZERO_WIDTH - id`.
-pub const ZERO_WIDTH: i64 = i64::MIN / 2;
-
-pub fn is_zero_width(e: i64) -> bool {
-    e <= ZERO_WIDTH && e != CONTINUATION
-}
 
 /// What a transition contributes besides its elements.
 struct TransitionIn<'py> {
@@ -244,13 +232,15 @@ impl<'py> Cookbook<'py> {
                         1
                     }
                 };
-                let id = chunk_id(&mut out.chunks, chunk)? as i64;
+                let id = chunk_id(&mut out.chunks, chunk)?;
                 if length == 0 {
-                    out.plain.elements.push(ZERO_WIDTH - id);
+                    out.plain.elements.push(Element::zero_width(id));
                     out.has_zero_width = true;
                 } else {
-                    out.plain.elements.push(-id - 1);
-                    out.plain.elements.extend(std::iter::repeat_n(CONTINUATION, length - 1));
+                    out.plain.elements.push(Element::chunk_start(id));
+                    out.plain
+                        .elements
+                        .extend(std::iter::repeat_n(Element::chunk_rest(), length - 1));
                 }
             }
         }
@@ -324,11 +314,8 @@ impl<'py> FrontDoor<'py> for Cookbook<'py> {
         } else {
             None
         };
-        let last = row
-            .planned
-            .last()
-            .map_or(0, |p| traj.plain.elements[p.elements.end - 1]);
-        if last < 0 {
+        let last = row.planned.last().map(|p| traj.plain.elements[p.elements.end - 1]);
+        if last.is_some_and(|e| !e.is_token()) {
             let message = "the datum's last chunk must be a text chunk (images carry no loss; remove them first)";
             return Err(located(ErrorKind::Validation, at, message));
         }

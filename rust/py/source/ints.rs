@@ -25,7 +25,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::error::Location;
-use crate::plan::Merge;
+use crate::plan::{Element, Merge};
 use crate::py::build;
 use crate::py::read::Items;
 
@@ -70,7 +70,7 @@ pub struct SharedInts<'py> {
     stores: Vec<Store<'py>>,
     sources: Vec<Source>,
     /// The open row's sequence so far, as read.
-    sequence: Vec<i64>,
+    sequence: Vec<Element>,
     /// The open row's store.
     open: Option<usize>,
     context_start: usize,
@@ -124,7 +124,7 @@ impl<'py> SharedInts<'py> {
     /// `elements[completion]`. The sequence so far follows the planner's
     /// rule (`plan.rs`): extended by the context's new part, or begun anew
     /// with it, then the completion.
-    pub fn end_turn(&mut self, elements: &[i64], context: Range<usize>, completion: Range<usize>) {
+    pub fn end_turn(&mut self, elements: &[Element], context: Range<usize>, completion: Range<usize>) {
         if !self.enabled {
             return;
         }
@@ -147,7 +147,7 @@ impl<'py> SharedInts<'py> {
         limit: i64,
         at: Location,
         role: Role,
-        elements: &mut Vec<i64>,
+        elements: &mut Vec<Element>,
     ) -> PyResult<()> {
         let first = elements.len();
         let exact = tokens.read_tokens(field, limit, at, elements)?;
@@ -193,7 +193,7 @@ impl<'py> SharedInts<'py> {
     /// How many leading elements of the context sequence at
     /// `elements[first..first + len]` only repeat the row's sequence so far;
     /// decides whether the context extends the row as soon as it can tell.
-    fn repeated(&mut self, elements: &[i64], first: usize, len: usize) -> usize {
+    fn repeated(&mut self, elements: &[Element], first: usize, len: usize) -> usize {
         if self.context != Context::Undecided {
             return 0;
         }
@@ -251,7 +251,7 @@ impl<'py> SharedInts<'py> {
     pub fn text(
         &mut self,
         py: Python<'py>,
-        elements: &[i64],
+        elements: &[Element],
         run: &[Range<usize>],
         row: &Range<usize>,
         last: bool,
@@ -273,7 +273,7 @@ impl<'py> SharedInts<'py> {
                     Some(store_list) => Ok(store_list.get_slice(range.start, range.end)),
                     None => unreachable!("a store is taken only by a row that holds all it holds"),
                 },
-                Part::Values(range) => PyList::new(py, &elements[range]),
+                Part::Values(range) => PyList::new(py, elements[range].iter().map(|e| e.target())),
             }
         };
         let mut parts = parts.into_iter();
