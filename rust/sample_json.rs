@@ -12,7 +12,9 @@ pub struct Json {
 
 impl Json {
     pub fn with_capacity(n: usize) -> Self {
-        Json { out: Vec::with_capacity(n) }
+        Json {
+            out: Vec::with_capacity(n),
+        }
     }
 
     pub fn into_bytes(mut self) -> Vec<u8> {
@@ -280,7 +282,19 @@ mod tests {
 
     #[test]
     fn ints_of_every_width() {
-        for v in [0, 7, -7, 10, 99, 100, -100, 12_345, i64::from(i32::MAX), i64::MAX, i64::MIN] {
+        for v in [
+            0,
+            7,
+            -7,
+            10,
+            99,
+            100,
+            -100,
+            12_345,
+            i64::from(i32::MAX),
+            i64::MAX,
+            i64::MIN,
+        ] {
             let mut out = Vec::new();
             write_int(&mut out, v);
             assert_eq!(String::from_utf8(out).unwrap(), v.to_string());

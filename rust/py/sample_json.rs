@@ -48,7 +48,12 @@ pub fn py_encode_sample_request<'py>(
 ) -> PyResult<Option<Bound<'py, PyBytes>>> {
     guarded(|| {
         let mut json = Json::with_capacity(256);
-        let body = Writer { parts: &parts, json: &mut json }.request(request).map(|()| json.into_bytes());
+        let body = Writer {
+            parts: &parts,
+            json: &mut json,
+        }
+        .request(request)
+        .map(|()| json.into_bytes());
         Ok(body.map(|b| PyBytes::new(request.py(), &b)))
     })
 }
@@ -65,8 +70,13 @@ pub fn py_sample_prompt_key<'py>(
 ) -> PyResult<Option<Bound<'py, PyBytes>>> {
     guarded(|| {
         let mut json = Json::with_capacity(256);
-        let mut writer = Writer { parts: &parts, json: &mut json };
-        let key = writer.model_input(prompt).and_then(|()| writer.sampling_params(sampling_params));
+        let mut writer = Writer {
+            parts: &parts,
+            json: &mut json,
+        };
+        let key = writer
+            .model_input(prompt)
+            .and_then(|()| writer.sampling_params(sampling_params));
         Ok(key.map(|()| PyBytes::new(prompt.py(), &json.into_bytes())))
     })
 }
@@ -183,7 +193,7 @@ impl<'py> Writer<'_, 'py> {
             stop.cast_exact::<PyTuple>().ok()?.iter().collect()
         };
         self.json.begin_array();
-        if items.first().is_some_and(|s| s.is_exact_instance_of::<PyString>()) {
+        if items.first().is_some_and(Bound::is_exact_instance_of::<PyString>) {
             for s in &items {
                 self.json.string(s.cast_exact::<PyString>().ok()?.to_str().ok()?);
             }
