@@ -104,7 +104,7 @@ def make_sample(original: Callable[..., Any], max_merge: int = MAX_MERGE) -> Cal
         prompt_alt_tokens_k: int = 0,
         prompt_logprobs_last_n: int | None = None,
     ) -> Any:
-        key = None
+        key, loop = None, None
         if (
             parts is not None
             and type(num_samples) is int
@@ -123,10 +123,10 @@ def make_sample(original: Callable[..., Any], max_merge: int = MAX_MERGE) -> Cal
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
-                loop = None  # no loop to wait a turn on: nothing to merge with
+                pass  # no loop to wait a turn on: nothing to merge with
             if loop is not None:
                 key = key_of(prompt, sampling_params, parts)
-        if key is None:
+        if key is None or loop is None:
             return original(
                 self,
                 prompt,
@@ -145,6 +145,7 @@ def make_sample(original: Callable[..., Any], max_merge: int = MAX_MERGE) -> Cal
         if caller is None:
             batch = _Batch(original, pending, slot, self, prompt, sampling_params)
             caller = batch.join(max_merge)
+            assert caller is not None  # a new batch takes one caller at least
             pending[slot] = batch
             loop.call_soon(batch.send)
         return _AwaitableFutureCompatWrapper(caller)
@@ -178,7 +179,15 @@ class _Caller(Future):
 
 
 class _Batch:
-    def __init__(self, original, pending, slot, client, prompt, sampling_params):
+    def __init__(
+        self,
+        original: Callable[..., Any],
+        pending: dict[tuple[int, int, bytes], _Batch],
+        slot: tuple[int, int, bytes],
+        client: Any,
+        prompt: Any,
+        sampling_params: Any,
+    ) -> None:
         self.original = original
         self.pending = pending
         self.slot = slot

@@ -163,7 +163,7 @@ def schema_mismatch() -> str | None:
         from tinker.types.model_input_chunk import ModelInputChunk
     except ImportError as e:
         return f"tinker's request classes are not where they were: {e}"
-    expected: dict[type, list[tuple[str, Any]]] = {
+    expected: dict[Any, list[tuple[str, Any]]] = {
         types.SampleRequest: [
             ("num_samples", int),
             ("prompt", types.ModelInput),

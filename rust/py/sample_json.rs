@@ -58,10 +58,11 @@ pub fn py_encode_sample_request<'py>(
     })
 }
 
-/// The JSON of a prompt (`ModelInput`) and of its `SamplingParams`, `\n`
-/// between them: equal for two `sample` calls exactly when their requests'
-/// bodies carry the same prompt and parameters. `None` when either is
-/// something this reader does not take.
+/// The JSON of a prompt (`ModelInput`) followed by that of its
+/// `SamplingParams` (two objects, so the pair reads back one way): equal
+/// for two `sample` calls exactly when their requests' bodies carry the
+/// same prompt and parameters. `None` when either is something this reader
+/// does not take.
 #[pyfunction(name = "sample_prompt_key")]
 pub fn py_sample_prompt_key<'py>(
     prompt: &Bound<'py, PyAny>,
