@@ -3,7 +3,7 @@
 //! Plain Rust, unit-tested with `cargo test`: `plan` (where rows begin and
 //! end), `rows` (the numeric core that writes a row's columns),
 //! `advantages`, `metrics` (tinker-cookbook's per-step metrics), `error`,
-//! `wire` (tinker's request bytes). The PyO3 glue is the `py` folder.
+//! `wire` (tinker's request bytes), `sample_json` (its sample request's JSON). The PyO3 glue is the `py` folder.
 
 pub mod advantages;
 pub mod error;
@@ -13,6 +13,7 @@ mod py;
 pub mod rows;
 #[cfg(test)]
 mod rows_fuzz;
+pub mod sample_json;
 pub mod wire;
 
 use pyo3::prelude::*;

@@ -366,7 +366,7 @@ def test_the_cookbooks_own_error_cases_raise_its_class():
 
 def test_the_readme_lists_exactly_the_registry():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    listed = re.findall(r"^\| `([\w.]+)` \| `(\w+)` \|", readme, flags=re.M)
+    listed = re.findall(r"^\| `([\w.]+)` \| `([\w.]+)` \|", readme, flags=re.M)
     assert listed == [(p.module, p.name) for p in _patch.REGISTRY]
 
 

@@ -26,6 +26,8 @@ __all__ = [
     "rollout_counts",
     "training_tokens",
     "datum_without_mask",
+    "encode_sample_request",
+    "sample_prompt_key",
 ]
 
 __version__: str
@@ -123,3 +125,9 @@ def trajectory_metrics(
 def rollout_counts(groups: Any, input_classes: tuple[type, type]) -> tuple[int, int, int]: ...
 def training_tokens(data: Any, input_classes: tuple[type, type]) -> int: ...
 def datum_without_mask(datum: Any, classes: tuple[type, type, type, type]) -> Any: ...
+
+# tinker's sample request JSON (rust/py/sample_json.rs, python/tinker_rl_data/sampling.py):
+# None when the request is not the core's to write.
+
+def encode_sample_request(request: Any, parts: Any) -> bytes | None: ...
+def sample_prompt_key(prompt: Any, sampling_params: Any, parts: Any) -> bytes | None: ...

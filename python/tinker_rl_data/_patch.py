@@ -111,6 +111,27 @@ REGISTRY: tuple[Piece, ...] = (
         spread=False,
         label="forward_backward request bytes",
     ),
+    Piece(
+        "tinker",
+        "tinker.resources.sampling",
+        "model_dump",
+        "wire",
+        ".sampling:make_model_dump",
+        ".sampling:probe_sample_body",
+        defined_in="tinker._compat",
+        spread=False,
+        label="sample request bytes",
+    ),
+    Piece(
+        "tinker",
+        "tinker.lib.public_interfaces.sampling_client",
+        "SamplingClient.sample",
+        "coalesce",
+        "._coalesce:make_sample",
+        "._coalesce:probe_sample",
+        spread=False,
+        label="coalesced sampling",
+    ),
     *(
         _cookbook_piece("rl.data_processing", name, "data", ".cookbook:ours_for")
         for name in ("compute_advantages", "assemble_training_data", "trajectory_to_data", "remove_constant_reward_groups")
@@ -165,6 +186,7 @@ class _Installed:
     ours: Any
     owner: str
     sites: list[str]
+    holders: list[tuple[Any, str]] = field(default_factory=list)
 
 
 _installed: dict[Piece, _Installed] = {}
@@ -182,6 +204,7 @@ class Report:
     int_read: str = ""
     probe_ms: float = 0.0
     disabled: bool = False
+    merged: dict[str, int] = field(default_factory=dict)
 
     def __str__(self) -> str:
         def version(package: str) -> str:
@@ -213,6 +236,11 @@ class Report:
             )
         if self.probe_ms:
             lines.append(f"  probes: {self.probe_ms:.0f} ms")
+        if self.merged:
+            lines.append(
+                f"  coalesced sampling: {self.merged.get('merged_calls', 0)} calls sent as "
+                f"{self.merged.get('merged_requests', 0)} requests"
+            )
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -254,6 +282,10 @@ def status() -> Report:
     report = Report()
     _runtime(report)
     report.installed = [(record.piece.title, list(record.sites)) for record in _installed.values()]
+    if any(piece.option == "coalesce" for piece in _installed):
+        from . import _coalesce
+
+        report.merged = dict(_coalesce.counts())
     return report
 
 
@@ -306,7 +338,13 @@ def _plan(piece: Piece, report: Report) -> _Plan:
             importlib.import_module(piece.defined_in)
     except Exception as exc:
         raise _Left(f"{piece.module} does not import ({type(exc).__name__}: {exc})") from None
-    original = vars(module).get(piece.name)
+    holder: Any = module
+    *owners, attr = piece.name.split(".")
+    for owner in owners:  # "Class.method": the class attribute
+        holder = vars(holder).get(owner)
+        if holder is None:
+            break
+    original = None if holder is None else vars(holder).get(attr)
     if original is None:
         found = report.versions.get(piece.package)
         older = bool(piece.since) and _release(found) < _release(piece.since)
@@ -330,7 +368,7 @@ def _plan(piece: Piece, report: Report) -> _Plan:
         logging.disable(quiet)
         report.probe_ms += (time.perf_counter() - start) * 1e3
 
-    sites = [(module, piece.name)]
+    sites = [(holder, attr)]
     if piece.spread:
         for other in _package_modules(piece.package):
             if other is module:
@@ -341,6 +379,12 @@ def _plan(piece: Piece, report: Report) -> _Plan:
                 elif attr == piece.name and callable(value) and not _is_ours(value):
                     report.kept.append(f"{other.__name__}.{attr}")
     return _Plan(piece, original, ours, sites)
+
+
+def _site_name(holder: Any, attr: str) -> str:
+    if isinstance(holder, type):
+        return f"{holder.__module__}.{holder.__qualname__}.{attr}"
+    return f"{holder.__name__}.{attr}"
 
 
 def _is_ours(value: Any) -> bool:
@@ -417,8 +461,8 @@ def install(options: Iterable[str], *, owner: str, strict: bool | None = None) -
         return report
 
     for plan in plans:
-        sites = [f"{module.__name__}.{attr}" for module, attr in plan.sites]
-        _installed[plan.piece] = _Installed(plan.piece, plan.original, plan.ours, owner, sites)
+        sites = [_site_name(holder, attr) for holder, attr in plan.sites]
+        _installed[plan.piece] = _Installed(plan.piece, plan.original, plan.ours, owner, sites, list(plan.sites))
         report.installed.append((plan.piece.title, sites))
     _originals_changed()
 
@@ -448,6 +492,9 @@ def uninstall(owner: str | None = None) -> None:
     for piece, record in list(_installed.items()):
         if owner is not None and record.owner != owner:
             continue
+        for holder, attr in record.holders:
+            if vars(holder).get(attr) is record.ours:
+                setattr(holder, attr, record.original)
         for module in _package_modules(piece.package):
             namespace = vars(module)
             for attr, value in list(namespace.items()):

@@ -371,6 +371,7 @@ def install(
     wire: bool = True,
     *,
     gc: bool | None = True,
+    coalesce: bool = False,
     strict: bool | None = None,
 ) -> Any:
     """Use this module's functions in tinker_cookbook and (``wire=True``)
@@ -395,6 +396,15 @@ def install(
     :func:`uninstall`. It changes when the collector runs, not what is
     computed or sent. ``gc=None`` (or False) leaves the collector alone.
 
+    ``coalesce=True`` (opt-in) merges concurrent ``SamplingClient.sample``
+    calls on one client with an identical prompt and sampling parameters,
+    ``num_samples=1`` and no seed (a GRPO group's first turn) into one
+    request with ``num_samples=k``, one sequence handed back per caller:
+    the same distribution of samples, not the same draws; the shared prompt
+    is billed and prefix-cached once; a group's first samples fail or
+    succeed together. ``tinker_rl_data.status()`` reports how many
+    requests were merged.
+
     Each piece goes in only where its probe, run here on the installed
     versions, finds ours equal to the cookbook's; a piece that fails, is
     missing, or whose name holds a function that is not the cookbook's own
@@ -410,6 +420,8 @@ def install(
 
     del force
     options = {"data", "step"} | ({"wire"} if wire else set()) | ({"gc"} if gc else set())
+    if coalesce:
+        options.add("coalesce")
     return _patch.install(options, owner=__name__, strict=strict)
 
 

@@ -45,6 +45,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_training_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(py_datum_without_mask, m)?)?;
     m.add_function(wrap_pyfunction!(py_panic_probe, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::py::sample_json::py_encode_sample_request, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::py::sample_json::py_sample_prompt_key, m)?)?;
     Ok(())
 }
 

@@ -11,6 +11,7 @@
 //!   panic guard; `wire`: tinker's forward_backward request read for its
 //!   bytes; `step`: the rest of tinker-cookbook's RL step around the data
 //!   (its metrics and usage counts, read from the Datums' buffers);
+//!   `sample_json`: tinker's sample request read for its JSON body;
 //!   `exports`: the exported functions, thin wrappers.
 //!
 //! The numeric work lives outside, in plain Rust (`plan`, `rows`,
@@ -22,6 +23,7 @@ pub mod exports;
 pub mod gc;
 pub mod pipeline;
 pub mod read;
+pub mod sample_json;
 pub mod source;
 pub mod step;
 pub mod wire;
