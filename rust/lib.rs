@@ -2,11 +2,12 @@
 //!
 //! Plain Rust, unit-tested with `cargo test`: `plan` (where rows begin and
 //! end), `rows` (the numeric core that writes a row's columns),
-//! `advantages`, `metrics` (tinker-cookbook's per-step metrics), `error`,
+//! `advantages`, `kl` (the cookbook's KL penalty arithmetic), `metrics` (tinker-cookbook's per-step metrics), `error`,
 //! `wire` (tinker's request bytes). The PyO3 glue is the `py` folder.
 
 pub mod advantages;
 pub mod error;
+pub mod kl;
 pub mod metrics;
 pub mod plan;
 mod py;
@@ -42,5 +43,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py::step::py_rollout_counts, m)?)?;
     m.add_function(wrap_pyfunction!(py::step::py_training_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(py::step::py_datum_without_mask, m)?)?;
+    m.add_function(wrap_pyfunction!(py::kl::py_kl_penalty, m)?)?;
+    m.add_function(wrap_pyfunction!(py::kl::py_post_kl, m)?)?;
+    m.add_function(wrap_pyfunction!(py::kl::py_full_sequence_inputs, m)?)?;
+    m.add_function(wrap_pyfunction!(py::kl::py_discounted_future_sum, m)?)?;
     Ok(())
 }

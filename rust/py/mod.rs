@@ -11,7 +11,8 @@
 //!   panic guard; `wire`: tinker's forward_backward request read for its
 //!   bytes; `step`: the rest of tinker-cookbook's RL step around the data
 //!   (its metrics and usage counts, read from the Datums' buffers);
-//!   `exports`: the exported functions, thin wrappers.
+//!   `exports`: the exported functions, thin wrappers; `kl`: the KL
+//!   penalty passes (the arithmetic is `crate::kl`).
 //!
 //! The numeric work lives outside, in plain Rust (`plan`, `rows`,
 //! `advantages`, `metrics`).
@@ -20,6 +21,7 @@ pub mod build;
 pub mod errors;
 pub mod exports;
 pub mod gc;
+pub mod kl;
 pub mod pipeline;
 pub mod read;
 pub mod source;
