@@ -25,6 +25,10 @@ __all__ = [
     "rollout_counts",
     "training_tokens",
     "datum_without_mask",
+    "kl_penalty",
+    "post_kl",
+    "full_sequence_inputs",
+    "discounted_future_sum",
 ]
 
 __version__: str
@@ -119,3 +123,21 @@ def trajectory_metrics(
 def rollout_counts(groups: Any, input_classes: tuple[type, type]) -> tuple[int, int, int]: ...
 def training_tokens(data: Any, input_classes: tuple[type, type]) -> int: ...
 def datum_without_mask(datum: Any, classes: tuple[type, type, type, type]) -> Any: ...
+
+# tinker-cookbook's KL penalty passes (rust/py/kl.rs, python/tinker_rl_data/_kl.py).
+
+_KlClasses = tuple[type, type, type, type, type]
+
+def kl_penalty(
+    data: Any,
+    scored: Any,
+    responses: bool,
+    teacher: bool,
+    coef: Any,
+    gamma: Any,
+    classes: _KlClasses,
+    direct: bool,
+) -> tuple[float, list[float], list[float]]: ...
+def post_kl(data: Any, scored: Any, classes: _KlClasses) -> tuple[float, float]: ...
+def full_sequence_inputs(data: Any, classes: _KlClasses, direct: bool) -> list[Any]: ...
+def discounted_future_sum(x: npt.NDArray[Any], gamma: float) -> npt.NDArray[Any]: ...

@@ -264,8 +264,8 @@ fn scalar(value: &Bound<'_, PyAny>, what: &str) -> PyResult<f32> {
 }
 
 /// The penalized advantages of every Datum (written back, each a new
-/// float32 `TensorData`), and the float64 sums: `(masked diff, mask)` of
-/// the batch and per Datum. `teacher`: distillation's penalty, else
+/// float32 `TensorData`); the float64 batch mean of the masked
+/// differences, and their sums and the mask sums per Datum. `teacher`: distillation's penalty, else
 /// `rl.metrics`'s. `gamma`: the discount, when `kl_discount_factor > 0`.
 #[allow(clippy::too_many_arguments)]
 fn penalize(
@@ -277,7 +277,7 @@ fn penalize(
     gamma: Option<&Bound<'_, PyAny>>,
     classes: &KlClasses<'_>,
     direct_build: bool,
-) -> PyResult<(f64, f64, Vec<f64>, Vec<f64>)> {
+) -> PyResult<(f64, Vec<f64>, Vec<f64>)> {
     let py = data.py();
     let coef = scalar(coef, "kl_penalty_coef")?;
     let gamma = gamma.map(|g| scalar(g, "kl_discount_factor")).transpose()?;
@@ -330,7 +330,7 @@ fn penalize(
         dict.bind(py).set_item(intern!(py, "advantages"), tensor)?;
     }
     let (diffs, masks) = own.iter().map(|s| (s.diff, s.mask)).unzip();
-    Ok((sums.diff, sums.mask, diffs, masks))
+    Ok((sums.mean(), diffs, masks))
 }
 
 /// `incorporate_kl_penalty`'s pass after the scoring calls (see
@@ -347,7 +347,7 @@ pub fn py_kl_penalty<'py>(
     gamma: Option<Bound<'py, PyAny>>,
     classes: KlClasses<'py>,
     direct: bool,
-) -> PyResult<(f64, f64, Vec<f64>, Vec<f64>)> {
+) -> PyResult<(f64, Vec<f64>, Vec<f64>)> {
     guarded(|| {
         penalize(data, scored, responses, teacher, coef, gamma.as_ref(), &classes, direct)
             .map_err(|e| left(data.py(), e))
