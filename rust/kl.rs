@@ -122,7 +122,9 @@ pub enum Penalty {
 
 /// One Datum's new advantages: `advantages + penalty`, the penalty
 /// discounted first when `gamma` is given (the cookbook discounts only for
-/// `kl_discount_factor > 0`). `out` gets the result.
+/// `kl_discount_factor > 0`). `out` gets the result. One pass (backwards
+/// when discounting): each term is computed where the recurrence takes it,
+/// with the same roundings as the cookbook's separate tensors.
 pub fn penalized_advantages(
     advantages: &[f32],
     sampled: &[f32],
@@ -134,18 +136,26 @@ pub fn penalized_advantages(
 ) {
     let n = out.len();
     assert!(advantages.len() == n && sampled.len() == n && scored.len() == n && mask.len() == n);
-    for k in 0..n {
+    let term = |k: usize| {
         let (m, diff) = (mask[k], masked_diff(sampled[k], scored[k], mask[k]));
-        out[k] = match penalty {
+        match penalty {
             Penalty::Base { coef, avg } => base_penalty(coef, m, avg, diff),
             Penalty::Teacher { neg_coef } => teacher_penalty(neg_coef, m, diff),
-        };
-    }
-    if let Some(gamma) = gamma {
-        discounted_future_sum_in_place(out, gamma);
-    }
-    for (o, &a) in out.iter_mut().zip(advantages) {
-        *o = a + *o;
+        }
+    };
+    match gamma {
+        None => {
+            for k in 0..n {
+                out[k] = advantages[k] + term(k);
+            }
+        }
+        Some(gamma) => {
+            let mut running = 0.0f32;
+            for k in (0..n).rev() {
+                running = term(k) + gamma * running;
+                out[k] = advantages[k] + running;
+            }
+        }
     }
 }
 
@@ -222,7 +232,15 @@ mod tests {
         let mut out = [0.0f32; 2];
         penalized_advantages(&adv, &s, &b, &m, Penalty::Base { coef: 2.0, avg: 0.5 }, None, &mut out);
         assert_eq!(out, [1.0 + 2.0 * (0.5 - (-0.25)), 2.0]);
-        penalized_advantages(&adv, &s, &b, &m, Penalty::Teacher { neg_coef: -1.0 }, Some(0.5), &mut out);
+        penalized_advantages(
+            &adv,
+            &s,
+            &b,
+            &m,
+            Penalty::Teacher { neg_coef: -1.0 },
+            Some(0.5),
+            &mut out,
+        );
         assert_eq!(out, [1.0 + 0.25, 2.0]);
         let mut sums = DiffSums::default();
         let own = sums.add(&s, &b, &m);

@@ -54,7 +54,10 @@ fn exact_items<'py>(obj: &Bound<'py, PyAny>, what: &'static str) -> PyResult<Ite
     if obj.is_exact_instance_of::<PyList>() || obj.is_exact_instance_of::<PyTuple>() {
         Items::of(obj, what, ItemKind::Object, Location::BATCH)
     } else {
-        Err(unsupported(format!("{what} is a {}, not a list or tuple", type_name(obj))))
+        Err(unsupported(format!(
+            "{what} is a {}, not a list or tuple",
+            type_name(obj)
+        )))
     }
 }
 
@@ -163,7 +166,12 @@ fn listed(logprobs: &Bound<'_, PyAny>, i: usize) -> PyResult<F32s> {
 /// `prompt_logprobs` without making the list: the list when one was made
 /// or given, else the float32 array (a NaN there is a `None` in the list,
 /// which torch refuses).
-fn scored_logprobs(item: &Bound<'_, PyAny>, responses: bool, response_class: &Bound<'_, PyType>, i: usize) -> PyResult<F32s> {
+fn scored_logprobs(
+    item: &Bound<'_, PyAny>,
+    responses: bool,
+    response_class: &Bound<'_, PyType>,
+    i: usize,
+) -> PyResult<F32s> {
     let py = item.py();
     if !responses {
         return listed(item, i);
@@ -213,7 +221,11 @@ fn read_all(
     let data = exact_items(data, "data_D")?;
     let scored = exact_items(scored, "scored logprobs")?;
     if data.len() != scored.len() {
-        return Err(unsupported(format!("{} Datums, {} scoring results", data.len(), scored.len())));
+        return Err(unsupported(format!(
+            "{} Datums, {} scoring results",
+            data.len(),
+            scored.len()
+        )));
     }
     let mut out = Vec::with_capacity(data.len());
     for i in 0..data.len() {
@@ -241,7 +253,9 @@ fn read_all(
             && read.scored.slice().len() == n
             && read.advantages.as_ref().is_none_or(|a| a.slice().len() == n);
         if !same {
-            return Err(unsupported(format!("datum {i}: lengths differ (torch would broadcast or raise)")));
+            return Err(unsupported(format!(
+                "datum {i}: lengths differ (torch would broadcast or raise)"
+            )));
         }
         out.push(read);
     }
@@ -259,7 +273,9 @@ fn scalar(value: &Bound<'_, PyAny>, what: &str) -> PyResult<f32> {
     });
     match v.map(|v| v as f32) {
         Some(v) if v.is_finite() => Ok(v),
-        _ => Err(unsupported(format!("{what} is not a float32-finite float or small int"))),
+        _ => Err(unsupported(format!(
+            "{what} is not a float32-finite float or small int"
+        ))),
     }
 }
 
@@ -295,7 +311,10 @@ fn penalize(
         // `-kl_penalty_coef` in Python, then rounded: negation is exact.
         Penalty::Teacher { neg_coef: -coef }
     } else {
-        Penalty::Base { coef, avg: sums.mean() as f32 }
+        Penalty::Base {
+            coef,
+            avg: sums.mean() as f32,
+        }
     };
     let mut new = Vec::with_capacity(read.len());
     for r in &read {
@@ -391,7 +410,11 @@ pub fn py_full_sequence_inputs<'py>(
     guarded(|| full_sequence_inputs(data, &classes, direct).map_err(|e| left(data.py(), e)))
 }
 
-fn full_sequence_inputs<'py>(data: &Bound<'py, PyAny>, classes: &KlClasses<'py>, direct_build: bool) -> PyResult<Bound<'py, PyList>> {
+fn full_sequence_inputs<'py>(
+    data: &Bound<'py, PyAny>,
+    classes: &KlClasses<'py>,
+    direct_build: bool,
+) -> PyResult<Bound<'py, PyList>> {
     let py = data.py();
     let (datum_class, model_input_class, chunk_class, tensor_data, _) = classes;
     let data = exact_items(data, "data_D")?;
@@ -416,7 +439,9 @@ fn full_sequence_inputs<'py>(data: &Bound<'py, PyAny>, classes: &KlClasses<'py>,
             _ => None,
         };
         let Some(Number::Int(token)) = last else {
-            return Err(unsupported(format!("datum {i}: target_tokens is not a non-empty 1-D int64 array")));
+            return Err(unsupported(format!(
+                "datum {i}: target_tokens is not a non-empty 1-D int64 array"
+            )));
         };
         let model_input = datum.getattr(intern!(py, "model_input"))?;
         let chunks = if direct_build && model_input.get_type().is(model_input_class) {
