@@ -24,6 +24,7 @@ pub struct DiffSums {
 impl DiffSums {
     /// Adds one Datum's masked differences and masks; also returns the
     /// Datum's own sums.
+    #[must_use = "the Datum's own sums"]
     pub fn add(&mut self, sampled: &[f32], scored: &[f32], mask: &[f32]) -> DiffSums {
         debug_assert!(sampled.len() == scored.len() && scored.len() == mask.len());
         let mut own = DiffSums::default();
@@ -83,7 +84,9 @@ pub fn discounted_future_sum_in_place(x: &mut [f32], gamma: f32) {
 /// The float types the recurrence runs in (torch keeps `x`'s dtype).
 pub trait Recurrence: Copy {
     const ZERO: Self;
+    #[must_use]
     fn times(self, other: Self) -> Self;
+    #[must_use]
     fn plus(self, other: Self) -> Self;
 }
 

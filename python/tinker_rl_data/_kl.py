@@ -243,15 +243,16 @@ def full_sequence_inputs(data_D: list[Any]) -> list[Any]:
         return _cookbook(_METRICS, "_full_sequence_inputs", why)(data_D)  # type: ignore[no-any-return]
 
 
-def _sequences(data_D: Any) -> list[Any] | None:
-    """The sequences to score, or None where the cookbook's function takes the input."""
-    if not isinstance(data_D, (list, tuple)) or not data_D:
-        return None
+def _sequences(data_D: Any) -> tuple[list[Any] | None, str]:
+    """The sequences to score, or None and why the cookbook's function
+    takes the input."""
+    if type(data_D) not in (list, tuple) or not data_D:
+        return None, "data_D is empty or not a list"
     tinker = _tinker_parts()
     try:
-        return _core.full_sequence_inputs(data_D, tinker.classes, tinker.direct)  # type: ignore[no-any-return]
-    except _core.Unsupported:
-        return None
+        return _core.full_sequence_inputs(data_D, tinker.classes, tinker.direct), ""
+    except _core.Unsupported as why:
+        return None, str(why)
 
 
 # --------------------------------------------------------------------------
@@ -270,9 +271,8 @@ async def incorporate_kl_penalty(
     as ``kl_policy_base`` (accumulated in float64: see the module's
     tolerance) with the scoring calls' usage."""
     name = "incorporate_kl_penalty"
-    sequences = _sequences(data_D)
+    sequences, why = _sequences(data_D)
     if sequences is None:
-        why = "data_D is empty or not a list of tinker Datums"
         return await _cookbook(_METRICS, name, why)(data_D, base_sampling_client, kl_penalty_coef, kl_discount_factor)  # type: ignore[no-any-return]
     tinker = _tinker_parts()
     async with _span(name):
@@ -299,9 +299,8 @@ async def compute_post_kl(data_D: list[Any], post_sampling_client: Any) -> tuple
     under ``post_sampling_client`` (``kl_pre_post_v1``) and half the mean of
     its square (``kl_pre_post_v2``), summed in float64, with the usage."""
     name = "compute_post_kl"
-    sequences = _sequences(data_D)
+    sequences, why = _sequences(data_D)
     if sequences is None:
-        why = "data_D is empty or not a list of tinker Datums"
         return await _cookbook(_METRICS, name, why)(data_D, post_sampling_client)  # type: ignore[no-any-return]
     async with _span(name):
         responses, usage = await _score(post_sampling_client, sequences)
@@ -336,8 +335,9 @@ def discounted_future_sum_vectorized(x: Any, gamma: float) -> Any:
         and not x.is_neg()
         and not x.is_conj()
     )
-    if not plain:
-        return _cookbook(_METRICS, "discounted_future_sum_vectorized", "not a plain 1-D float CPU tensor and a float")(x, gamma)
+    if not plain or torch is None:
+        why = "not a plain 1-D float CPU tensor and a float"
+        return _cookbook(_METRICS, "discounted_future_sum_vectorized", why)(x, gamma)
     return torch.from_numpy(_core.discounted_future_sum(x.numpy(), gamma))
 
 
@@ -358,14 +358,14 @@ async def distillation_incorporate_kl_penalty(
     summed in float64."""
     name = "incorporate_kl_penalty"
     args = (dataset_indices_D, kl_penalty_coef, kl_discount_factor)
-    sequences = _sequences(data_D)
+    sequences, why = _sequences(data_D)
     indices_ok = (
         type(dataset_indices_D) in (list, tuple)
         and len(dataset_indices_D) >= len(data_D)
         and all(type(i) is int for i in dataset_indices_D[: len(data_D)])
     )
     if sequences is None or not indices_ok:
-        why = "data_D is not a list of tinker Datums, or the dataset indices are not ints"
+        why = why or "the dataset indices are not a list of ints, one per Datum"
         return await _cookbook(_DISTILLATION, name, why)(data_D, teacher_clients_D, *args)  # type: ignore[no-any-return]
     tinker = _tinker_parts()
     async with _span(name):

@@ -144,6 +144,7 @@ fn listed(logprobs: &Bound<'_, PyAny>, i: usize) -> PyResult<F32s> {
         let item = items.get(k)?;
         // SAFETY: `item` is held; the reads run no Python code.
         let v = unsafe { exact_float(item.as_ptr()) }.or_else(|| {
+            // SAFETY: as above.
             unsafe { exact_int::<BY_API>(item.as_ptr()) }
                 .filter(|v| v.unsigned_abs() <= 1 << 53)
                 .map(|v| v as f64)
@@ -267,6 +268,7 @@ fn read_all(
 fn scalar(value: &Bound<'_, PyAny>, what: &str) -> PyResult<f32> {
     // SAFETY: `value` is held; the reads run no Python code.
     let v = unsafe { exact_float(value.as_ptr()) }.or_else(|| {
+        // SAFETY: as above.
         unsafe { exact_int::<BY_API>(value.as_ptr()) }
             .filter(|v| v.unsigned_abs() <= 1 << 24)
             .map(|v| v as f64)
