@@ -229,7 +229,8 @@ def test_a_tinker_whose_method_no_longer_calls_the_builder_keeps_its_encoder(cle
     monkeypatch.setattr(training.AsyncTrainingResource, "forward_backward", forward_backward)
     with pytest.warns(InstallWarning, match="no longer builds its message"):
         report = tinker_rl_data.install()
-    assert report.installed == [] and not tinker_rl_data.wire.installed()
+    assert "forward_backward request bytes" not in [title for title, _ in report.installed]
+    assert not _patch.installed() or all(p.name != "forward_backward_request_to_proto" for p in _patch._installed)
     from tinker.proto import request_conv
 
     assert training.forward_backward_request_to_proto is request_conv.forward_backward_request_to_proto

@@ -28,6 +28,10 @@ __all__ = [
     "datum_without_mask",
     "encode_sample_request",
     "sample_prompt_key",
+    "kl_penalty",
+    "post_kl",
+    "full_sequence_inputs",
+    "discounted_future_sum",
 ]
 
 __version__: str
@@ -131,3 +135,20 @@ def datum_without_mask(datum: Any, classes: tuple[type, type, type, type]) -> An
 
 def encode_sample_request(request: Any, parts: Any) -> bytes | None: ...
 def sample_prompt_key(prompt: Any, sampling_params: Any, parts: Any) -> bytes | None: ...
+# tinker-cookbook's KL penalty passes (rust/py/kl.rs, python/tinker_rl_data/_kl.py).
+
+_KlClasses = tuple[type, type, type, type, type]
+
+def kl_penalty(
+    data: Any,
+    scored: Any,
+    responses: bool,
+    teacher: bool,
+    coef: Any,
+    gamma: Any,
+    classes: _KlClasses,
+    direct: bool,
+) -> tuple[float, list[float], list[float]]: ...
+def post_kl(data: Any, scored: Any, classes: _KlClasses) -> tuple[float, float]: ...
+def full_sequence_inputs(data: Any, classes: _KlClasses, direct: bool) -> list[Any]: ...
+def discounted_future_sum(x: npt.NDArray[Any], gamma: float) -> npt.NDArray[Any]: ...

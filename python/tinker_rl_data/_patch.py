@@ -146,6 +146,26 @@ REGISTRY: tuple[Piece, ...] = (
         _cookbook_piece("rl.train", name, "step", ".cookbook:ours_for", since="0.6.1")
         for name in ("rollout_usage", "training_usage")
     ),
+    # The KL penalty and distillation passes (``_kl.py``).
+    *(
+        Piece(
+            "tinker_cookbook",
+            f"tinker_cookbook.{module}",
+            name,
+            "kl",
+            "._kl:ours_for",
+            f"._kl:probe_{probe}",
+            label=name if module == "rl.metrics" else f"{module}.{name}",
+        )
+        for module, name, probe in (
+            ("rl.metrics", "incorporate_kl_penalty", "incorporate_kl_penalty"),
+            ("rl.metrics", "compute_post_kl", "compute_post_kl"),
+            ("rl.metrics", "score_sequences", "score_sequences"),
+            ("rl.metrics", "_full_sequence_inputs", "full_sequence_inputs"),
+            ("rl.metrics", "discounted_future_sum_vectorized", "discounted_future_sum_vectorized"),
+            ("distillation.train_on_policy", "incorporate_kl_penalty", "distillation_incorporate_kl_penalty"),
+        )
+    ),
     # The GC held to the step: the training loops and their once-per-step
     # functions wrapped (``_gc_step.py``).
     *(
@@ -205,6 +225,7 @@ class Report:
     probe_ms: float = 0.0
     disabled: bool = False
     merged: dict[str, int] = field(default_factory=dict)
+    probe_times: dict[str, float] = field(default_factory=dict)
 
     def __str__(self) -> str:
         def version(package: str) -> str:
@@ -308,18 +329,21 @@ def _package_modules(package: str) -> Iterator[Any]:
             yield module
 
 
+def _in_package(function: Any, package: str) -> bool:
+    """Whether ``function``'s code is in one of ``package``'s files."""
+    code = getattr(function, "__code__", None)
+    module = sys.modules.get(package)
+    root = os.path.dirname(os.path.realpath(getattr(module, "__file__", None) or "/nonexistent/x"))
+    return code is not None and os.path.realpath(code.co_filename).startswith(root + os.sep)
+
+
 def _is_own(function: Any, piece: Piece) -> bool:
     """Whether ``function`` is the installed package's own: defined in the
     module it should be, its code in one of the package's files (the
     package's own decorators included), not a user's or another library's
     function put there, wrapped or not."""
-    code = getattr(function, "__code__", None)
-    package = sys.modules.get(piece.package)
-    root = os.path.dirname(os.path.realpath(getattr(package, "__file__", None) or "/nonexistent/x"))
-    return (
-        code is not None
-        and getattr(function, "__module__", None) == (piece.defined_in or piece.module)
-        and os.path.realpath(code.co_filename).startswith(root + os.sep)
+    return getattr(function, "__module__", None) == (piece.defined_in or piece.module) and _in_package(
+        function, piece.package
     )
 
 
@@ -358,6 +382,7 @@ def _plan(piece: Piece, report: Report) -> _Plan:
         raise _Left(f"ours cannot be made for this version ({type(exc).__name__}: {exc})") from None
     start = time.perf_counter()
     quiet = logging.root.manager.disable
+    report.probe_times[piece.title] = start
     logging.disable(logging.WARNING)  # the probes' constant groups make the cookbook warn
     try:
         _resolve(piece.probe)(original, ours)
@@ -366,7 +391,8 @@ def _plan(piece: Piece, report: Report) -> _Plan:
         raise _Left(f"probe failed: {what}{exc}") from None
     finally:
         logging.disable(quiet)
-        report.probe_ms += (time.perf_counter() - start) * 1e3
+        report.probe_times[piece.title] = (time.perf_counter() - start) * 1e3
+        report.probe_ms += report.probe_times[piece.title]
 
     sites = [(holder, attr)]
     if piece.spread:
@@ -376,7 +402,12 @@ def _plan(piece: Piece, report: Report) -> _Plan:
             for attr, value in list(vars(other).items()):
                 if value is original:
                     sites.append((other, attr))
-                elif attr == piece.name and callable(value) and not _is_ours(value):
+                elif (
+                    attr == piece.name
+                    and callable(value)
+                    and not _is_ours(value)
+                    and not _in_package(value, piece.package)
+                ):
                     report.kept.append(f"{other.__name__}.{attr}")
     return _Plan(piece, original, ours, sites)
 
@@ -522,7 +553,11 @@ def original(module: str, name: str) -> Any:
 def _originals_changed() -> None:
     # The native passes hand inputs they do not take to the installed
     # original (not to ours, which the home module now holds).
-    from . import _step
+    from . import _kl, _step
 
     _step.ORIGINALS.clear()
-    _step.ORIGINALS.update({piece.name: record.original for piece, record in _installed.items()})
+    _step.ORIGINALS.update({piece.name: record.original for piece, record in _installed.items() if piece.option == "step"})
+    _kl.ORIGINALS.clear()
+    _kl.ORIGINALS.update(
+        {(piece.module, piece.name): record.original for piece, record in _installed.items() if piece.option == "kl"}
+    )

@@ -396,6 +396,15 @@ def install(
     :func:`uninstall`. It changes when the collector runs, not what is
     computed or sent. ``gc=None`` (or False) leaves the collector alone.
 
+    With ``kl_penalty_coef > 0`` and in on-policy distillation the KL
+    passes are replaced too (``_kl.py``): ``rl.metrics``'s
+    ``incorporate_kl_penalty``, ``compute_post_kl``, ``score_sequences``,
+    ``_full_sequence_inputs``, ``discounted_future_sum_vectorized`` and
+    ``distillation.train_on_policy.incorporate_kl_penalty``: the same
+    scoring requests, advantages bit-identical where the batch means round
+    alike (their float64 accumulation is within float32 rounding of the
+    cookbook's float32 means).
+
     ``coalesce=True`` (opt-in) merges concurrent ``SamplingClient.sample``
     calls on one client with an identical prompt and sampling parameters,
     ``num_samples=1`` and no seed (a GRPO group's first turn) into one
@@ -419,7 +428,7 @@ def install(
     from . import _patch
 
     del force
-    options = {"data", "step"} | ({"wire"} if wire else set()) | ({"gc"} if gc else set())
+    options = {"data", "step", "kl"} | ({"wire"} if wire else set()) | ({"gc"} if gc else set())
     if coalesce:
         options.add("coalesce")
     return _patch.install(options, owner=__name__, strict=strict)

@@ -11,8 +11,9 @@
 //!   panic guard; `wire`: tinker's forward_backward request read for its
 //!   bytes; `step`: the rest of tinker-cookbook's RL step around the data
 //!   (its metrics and usage counts, read from the Datums' buffers);
-//!   `sample_json`: tinker's sample request read for its JSON body;
-//!   `exports`: the exported functions, thin wrappers.
+//!   `sample_json`: tinker's sample request read for its JSON body; `kl`:
+//!   the KL penalty passes (the arithmetic is `crate::kl`); `exports`:
+//!   every exported function and the one `register`.
 //!
 //! The numeric work lives outside, in plain Rust (`plan`, `rows`,
 //! `advantages`, `metrics`).
@@ -21,6 +22,7 @@ pub mod build;
 pub mod errors;
 pub mod exports;
 pub mod gc;
+pub mod kl;
 pub mod pipeline;
 pub mod read;
 pub mod sample_json;

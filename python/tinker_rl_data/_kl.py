@@ -1,0 +1,594 @@
+"""tinker-cookbook 0.6.1's KL penalty passes, native::
+
+    incorporate_kl_penalty(data_D, base_sampling_client, kl_penalty_coef, kl_discount_factor)  # rl.metrics
+    compute_post_kl(data_D, post_sampling_client)                  # rl.metrics
+    score_sequences(sampling_client, sequence_inputs)              # rl.metrics
+    _full_sequence_inputs(data_D)                                  # rl.metrics
+    discounted_future_sum_vectorized(x, gamma)                     # rl.metrics
+    distillation_incorporate_kl_penalty(data_D, teacher_clients_D, dataset_indices_D,
+                                        kl_penalty_coef, kl_discount_factor)
+                                      # distillation.train_on_policy.incorporate_kl_penalty
+
+The scoring calls are the cookbook's, the same requests in the same order.
+The per-token arithmetic runs in the Rust core (``rust/kl.rs``) over the
+Datums' own buffers and the responses' ``prompt_logprobs_np`` arrays, as
+torch runs it: float32, one operation at a time in the cookbook's order, the
+discounted sum as its sequential float32 recurrence (bit for bit). Each
+Datum's ``advantages`` become a new float32 ``TensorData``, as the cookbook
+writes them.
+
+Tolerance. The cookbook's batch means are float32 tensor sums; ours are
+accumulated in float64, so a mean here differs from the cookbook's by at
+most its float32 rounding: ``|ours - cookbook| <= (D + 24) * 2**-24 * S``
+with ``D`` the number of Datums and ``S`` the sum of ``|term|`` over the
+batch divided by the sum of the masks (``kl_policy_base``,
+``teacher_kl``; ``kl_pre_post_v*`` count positions instead of masks).
+The mean also enters ``rl.metrics``'s per-token terms (``avg - diff``),
+rounded to float32: where it rounds to the cookbook's float32 mean, the
+advantages are bit-identical; otherwise they differ by that difference
+times ``|coef| * mask`` (summed along the discount), plus float32 rounding.
+The distillation advantages do not depend on the mean: always
+bit-identical.
+
+Inputs the native pass does not take exactly (other classes than tinker's,
+sparse or int64 logprobs, scored logprobs that torch would broadcast or
+refuse, a torch default dtype other than float32) go to the cookbook's own
+function: after the scoring calls, with a client that replays the responses
+already received, so no request is sent twice. Each reason is logged once
+at INFO on the ``tinker_rl_data`` logger.
+
+This module only provides the functions and their probes (:data:`SITES`);
+the patch layer puts them into the cookbook's modules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import importlib
+import logging
+import math
+import re
+import sys
+import threading
+from typing import Any, AsyncIterator, Callable, Iterable, NamedTuple
+
+from . import _core
+
+__all__ = [
+    "SITES",
+    "compute_post_kl",
+    "discounted_future_sum_vectorized",
+    "distillation_incorporate_kl_penalty",
+    "full_sequence_inputs",
+    "incorporate_kl_penalty",
+    "score_sequences",
+]
+
+logger = logging.getLogger("tinker_rl_data")
+
+_METRICS = "tinker_cookbook.rl.metrics"
+_DISTILLATION = "tinker_cookbook.distillation.train_on_policy"
+
+#: The cookbook's own functions, by (module, name), where the patch layer
+#: recorded them before putting ours in their place. Without an entry the
+#: module's current attribute is taken (refused if it is ours).
+ORIGINALS: dict[tuple[str, str], Callable[..., Any]] = {}
+
+_logged: set[tuple[str, str]] = set()
+_logged_lock = threading.Lock()
+
+
+def _original(module: str, name: str) -> Callable[..., Any]:
+    function = ORIGINALS.get((module, name))
+    if function is not None:
+        return function
+    function = getattr(importlib.import_module(module), name)
+    if getattr(function, "_tinker_rl_data_native", False):
+        raise RuntimeError(
+            f"{module}.{name} holds tinker_rl_data's function and its original was not recorded "
+            "in tinker_rl_data._kl.ORIGINALS"
+        )
+    return function  # type: ignore[no-any-return]
+
+
+def _cookbook(module: str, name: str, why: Exception | str) -> Callable[..., Any]:
+    """The cookbook's function, for an input left to it; logs why, once per reason."""
+    reason = re.sub(r"^datum \d+: ", "", str(why))
+    key = (name, reason)
+    with _logged_lock:
+        new = key not in _logged
+        _logged.add(key)
+    if new:
+        logger.info("%s.%s left to tinker-cookbook: %s", module, name, reason)
+    return _original(module, name)
+
+
+def _native(function: Callable[..., Any]) -> Callable[..., Any]:
+    function._tinker_rl_data_native = True  # type: ignore[attr-defined]
+    return function
+
+
+class _Tinker(NamedTuple):
+    classes: tuple[type, type, type, type, type]  # Datum, ModelInput, EncodedTextChunk, TensorData, SampleResponse
+    direct: bool
+    sampling_params: Callable[..., Any]
+
+
+_tinker: _Tinker | None = None
+
+
+def _tinker_parts() -> _Tinker:
+    global _tinker
+    if _tinker is None:
+        import tinker
+        from tinker.types import EncodedTextChunk
+
+        from . import _build
+
+        classes = (tinker.Datum, tinker.ModelInput, EncodedTextChunk, tinker.TensorData, tinker.SampleResponse)
+        _tinker = _Tinker(classes, _build.DIRECT, tinker.SamplingParams)
+    return _tinker
+
+
+def _float32_default() -> str | None:
+    """Why torch.tensor(list of floats) would not be float32, if it would not."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_default_dtype() is not torch.float32:
+        return f"torch's default dtype is {torch.get_default_dtype()}"
+    return None
+
+
+@contextlib.asynccontextmanager
+async def _span(name: str) -> AsyncIterator[None]:
+    """The cookbook's ``trace.scope`` span of its function ``name``."""
+    trace = sys.modules.get("tinker_cookbook.utils.trace")
+    if trace is None:
+        yield
+    else:
+        async with trace.scope_span(name):
+            yield
+
+
+class _Ready:
+    """An answer already at hand, as tinker's ``APIFuture`` hands it out."""
+
+    def __init__(self, value: Any) -> None:
+        self._value = value
+
+    async def _get(self) -> Any:
+        return self._value
+
+    def coroutine(self) -> Any:
+        return self._get()
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self._value
+
+    def __await__(self) -> Any:
+        return self._get().__await__()
+
+
+class _Replay:
+    """A sampling client that answers with the responses already received,
+    in the order they are asked for: the cookbook's function then runs on
+    exactly what ours read, and sends no request again."""
+
+    def __init__(self, answers: Iterable[Any]) -> None:
+        self._answers = iter(answers)
+
+    def sample(self, *args: Any, **kwargs: Any) -> _Ready:
+        return _Ready(next(self._answers))
+
+    def compute_logprobs(self, *args: Any, **kwargs: Any) -> _Ready:
+        return _Ready(next(self._answers))
+
+
+# --------------------------------------------------------------------------
+# the scoring calls
+
+
+async def _score(sampling_client: Any, sequence_inputs: list[Any]) -> tuple[list[Any], Any]:
+    """``score_sequences``'s calls and usage, keeping the responses."""
+    from tinker_cookbook.utils.cost_estimation import TokenUsage
+
+    # One SamplingParams for all: frozen, and the same request fields.
+    params = _tinker_parts().sampling_params(max_tokens=1)
+    async with _span("score_sequences"):
+        responses = await asyncio.gather(
+            *[
+                sampling_client.sample(
+                    prompt=sequence_input,
+                    num_samples=1,
+                    sampling_params=params,
+                    include_prompt_logprobs=True,
+                ).coroutine()
+                for sequence_input in sequence_inputs
+            ]
+        )
+    prompt_tokens = sum(sequence_input.length for sequence_input in sequence_inputs)
+    cached_tokens = sum(r.prompt_cache_hit_tokens for r in responses)
+    usage = TokenUsage(
+        sampled=sum(len(seq.tokens) for r in responses for seq in r.sequences),
+        prefill_cached=cached_tokens,
+        prefill_uncached=prompt_tokens - cached_tokens,
+    )
+    return responses, usage
+
+
+@_native
+async def score_sequences(sampling_client: Any, sequence_inputs: list[Any]) -> tuple[list[list[float | None]], Any]:
+    """tinker_cookbook's ``rl.metrics.score_sequences``: the prompt logprobs
+    of each sequence (one ``sample`` request each, ``max_tokens=1``,
+    ``include_prompt_logprobs=True``, run concurrently) and the usage.
+
+    The lists are the responses' own ``prompt_logprobs``; the passes below
+    read the responses' arrays instead and make no list.
+    """
+    responses, usage = await _score(sampling_client, sequence_inputs)
+    return [r.prompt_logprobs for r in responses], usage
+
+
+@_native
+def full_sequence_inputs(data_D: list[Any]) -> list[Any]:
+    """tinker_cookbook's ``rl.metrics._full_sequence_inputs``: each Datum's
+    model input with its last target token appended (the unshifted
+    sequence), as ``ModelInput.append_int`` makes it. The last target is
+    read from the array, where the cookbook makes a list of all of them."""
+    tinker = _tinker_parts()
+    try:
+        return _core.full_sequence_inputs(data_D, tinker.classes, tinker.direct)  # type: ignore[no-any-return]
+    except _core.Unsupported as why:
+        return _cookbook(_METRICS, "_full_sequence_inputs", why)(data_D)  # type: ignore[no-any-return]
+
+
+def _sequences(data_D: Any) -> tuple[list[Any] | None, str]:
+    """The sequences to score, or None and why the cookbook's function
+    takes the input."""
+    if type(data_D) not in (list, tuple) or not data_D:
+        return None, "data_D is empty or not a list"
+    tinker = _tinker_parts()
+    try:
+        return _core.full_sequence_inputs(data_D, tinker.classes, tinker.direct), ""
+    except _core.Unsupported as why:
+        return None, str(why)
+
+
+# --------------------------------------------------------------------------
+# the passes
+
+
+@_native
+async def incorporate_kl_penalty(
+    data_D: list[Any], base_sampling_client: Any, kl_penalty_coef: float, kl_discount_factor: float
+) -> tuple[dict[str, float], Any]:
+    """tinker_cookbook's ``rl.metrics.incorporate_kl_penalty``: scores each
+    Datum's sequence under ``base_sampling_client`` and adds
+    ``kl_penalty_coef * mask * (avg - diff)`` (discounted when
+    ``kl_discount_factor > 0``) to its advantages, ``diff`` being the
+    masked ``logprobs - base logprob`` and ``avg`` its batch mean, returned
+    as ``kl_policy_base`` (accumulated in float64: see the module's
+    tolerance) with the scoring calls' usage."""
+    name = "incorporate_kl_penalty"
+    sequences, why = _sequences(data_D)
+    if sequences is None:
+        return await _cookbook(_METRICS, name, why)(data_D, base_sampling_client, kl_penalty_coef, kl_discount_factor)  # type: ignore[no-any-return]
+    tinker = _tinker_parts()
+    async with _span(name):
+        responses, usage = await _score(base_sampling_client, sequences)
+        reason: Exception | str | None = _float32_default()
+        if reason is None:
+            gamma = kl_discount_factor if kl_discount_factor > 0 else None
+            try:
+                mean, _, _ = _core.kl_penalty(
+                    data_D, responses, True, False, kl_penalty_coef, gamma, tinker.classes, tinker.direct
+                )
+            except _core.Unsupported as unsupported:
+                reason = unsupported
+    if reason is not None:
+        original = _cookbook(_METRICS, name, reason)
+        return await original(data_D, _Replay(responses), kl_penalty_coef, kl_discount_factor)  # type: ignore[no-any-return]
+    return {"kl_policy_base": mean}, usage
+
+
+@_native
+async def compute_post_kl(data_D: list[Any], post_sampling_client: Any) -> tuple[dict[str, float], Any]:
+    """tinker_cookbook's ``rl.metrics.compute_post_kl``: over the positions
+    whose mask is > 0, the mean of the Datums' logprobs minus those scored
+    under ``post_sampling_client`` (``kl_pre_post_v1``) and half the mean of
+    its square (``kl_pre_post_v2``), summed in float64, with the usage."""
+    name = "compute_post_kl"
+    sequences, why = _sequences(data_D)
+    if sequences is None:
+        return await _cookbook(_METRICS, name, why)(data_D, post_sampling_client)  # type: ignore[no-any-return]
+    async with _span(name):
+        responses, usage = await _score(post_sampling_client, sequences)
+        reason: Exception | str | None = _float32_default()
+        if reason is None:
+            try:
+                v1, v2 = _core.post_kl(data_D, responses, _tinker_parts().classes)
+            except _core.Unsupported as unsupported:
+                reason = unsupported
+    if reason is not None:
+        return await _cookbook(_METRICS, name, reason)(data_D, _Replay(responses))  # type: ignore[no-any-return]
+    return {"kl_pre_post_v1": v1, "kl_pre_post_v2": v2}, usage
+
+
+@_native
+def discounted_future_sum_vectorized(x: Any, gamma: float) -> Any:
+    """tinker_cookbook's ``rl.metrics.discounted_future_sum_vectorized``:
+    ``out[t] = x[t] + gamma * out[t + 1]`` from the end, in ``x``'s float
+    dtype, bit for bit (a contiguous 1-D CPU tensor without grad and a
+    Python float ``gamma``; anything else is the cookbook's)."""
+    torch = sys.modules.get("torch")
+    plain = (
+        torch is not None
+        and type(x) is torch.Tensor
+        and type(gamma) is float
+        and x.dtype in (torch.float32, torch.float64)
+        and x.dim() == 1
+        and x.device.type == "cpu"
+        and x.layout is torch.strided
+        and not x.requires_grad
+        and x.is_contiguous()
+        and not x.is_neg()
+        and not x.is_conj()
+    )
+    if not plain or torch is None:
+        why = "not a plain 1-D float CPU tensor and a float"
+        return _cookbook(_METRICS, "discounted_future_sum_vectorized", why)(x, gamma)
+    return torch.from_numpy(_core.discounted_future_sum(x.numpy(), gamma))
+
+
+@_native
+async def distillation_incorporate_kl_penalty(
+    data_D: list[Any],
+    teacher_clients_D: list[Any],
+    dataset_indices_D: list[int],
+    kl_penalty_coef: float,
+    kl_discount_factor: float,
+) -> dict[str, float]:
+    """tinker_cookbook's ``distillation.train_on_policy.incorporate_kl_penalty``:
+    scores each Datum's sequence under its own teacher (``compute_logprobs``)
+    and adds ``-kl_penalty_coef * mask * reverse_kl`` (discounted when
+    ``kl_discount_factor > 0``) to its advantages, ``reverse_kl`` being the
+    masked ``logprobs - teacher logprob``. Metrics: ``teacher_kl`` (the
+    batch mean) and ``teacher_kl/dataset_<i>`` per dataset with a mask,
+    summed in float64."""
+    name = "incorporate_kl_penalty"
+    args = (dataset_indices_D, kl_penalty_coef, kl_discount_factor)
+    sequences, why = _sequences(data_D)
+    indices_ok = (
+        type(dataset_indices_D) in (list, tuple)
+        and len(dataset_indices_D) >= len(data_D)
+        and all(type(i) is int for i in dataset_indices_D[: len(data_D)])
+    )
+    if sequences is None or not indices_ok:
+        why = why or "the dataset indices are not a list of ints, one per Datum"
+        return await _cookbook(_DISTILLATION, name, why)(data_D, teacher_clients_D, *args)  # type: ignore[no-any-return]
+    tinker = _tinker_parts()
+    async with _span(name):
+        teacher_logprobs_D = await asyncio.gather(
+            *[
+                teacher_client.compute_logprobs(sequence_input).coroutine()
+                for teacher_client, sequence_input in zip(teacher_clients_D, sequences)
+            ]
+        )
+        reason: Exception | str | None = _float32_default()
+        if reason is None:
+            gamma = kl_discount_factor if kl_discount_factor > 0 else None
+            try:
+                mean, kl_sums, mask_sums = _core.kl_penalty(
+                    data_D, teacher_logprobs_D, False, True, kl_penalty_coef, gamma, tinker.classes, tinker.direct
+                )
+            except _core.Unsupported as unsupported:
+                reason = unsupported
+    if reason is not None:
+        replays = [_Replay([logprobs]) for logprobs in teacher_logprobs_D]
+        return await _cookbook(_DISTILLATION, name, reason)(data_D, replays, *args)  # type: ignore[no-any-return]
+    per_dataset: dict[int, tuple[float, float]] = {}
+    for i, kl_sum, mask_sum in zip(dataset_indices_D, kl_sums, mask_sums):
+        prev_kl, prev_mask = per_dataset.get(i, (0.0, 0.0))
+        per_dataset[i] = (prev_kl + kl_sum, prev_mask + mask_sum)
+    metrics = {"teacher_kl": mean}
+    for i, (kl_sum, mask_sum) in per_dataset.items():
+        if mask_sum > 0:
+            metrics[f"teacher_kl/dataset_{i}"] = kl_sum / mask_sum
+    return metrics
+
+
+# --------------------------------------------------------------------------
+# probes: ours against the installed original on a few Datums
+
+
+def _probe_data() -> list[Any]:
+    """A few Datums: masks partly set, one all zero, an image chunk, a
+    one-position Datum."""
+    import numpy as np
+    import tinker
+    from tinker.types import EncodedTextChunk, ImageChunk
+
+    rng = np.random.default_rng(27)
+    data = []
+    shapes = [(12, "mixed"), (7, "zero"), (1, "one"), (20, "image")]
+    for n, kind in shapes:
+        tokens = [int(t) for t in rng.integers(0, 1000, n + 1)]
+        chunks: list[Any] = [EncodedTextChunk(tokens=tokens[:n])]
+        if kind == "image":
+            chunks = [
+                EncodedTextChunk(tokens=tokens[:4]),
+                ImageChunk(data=b"\x89PNG", format="png", expected_tokens=3),
+                EncodedTextChunk(tokens=tokens[7:n]),
+            ]
+        mask = (rng.random(n) < 0.6).astype(np.float32) if kind != "zero" else np.zeros(n, np.float32)
+        inputs = {
+            "target_tokens": tinker.TensorData.from_numpy(np.array(tokens[1:], np.int64)),
+            "logprobs": tinker.TensorData.from_numpy((-rng.random(n) * 3).astype(np.float32) * mask),
+            "advantages": tinker.TensorData.from_numpy((rng.standard_normal(n)).astype(np.float32) * mask),
+            "mask": tinker.TensorData.from_numpy(mask),
+        }
+        data.append(tinker.Datum(model_input=tinker.ModelInput(chunks=chunks), loss_fn_inputs=inputs))
+    return data
+
+
+def _probe_response(prompt: Any) -> Any:
+    """A SampleResponse scoring ``prompt`` as a fixed function of its tokens."""
+    import numpy as np
+    import tinker
+
+    n = prompt.length
+    logprobs = -(np.arange(n, dtype=np.float32) % 7) * np.float32(0.37) - np.float32(0.11)
+    logprobs[0] = np.nan
+    sequence = tinker.SampledSequence(
+        stop_reason="length", sequence_id="probe", tokens_np=np.array([1], np.int32), logprobs_np=np.array([-0.5], np.float32)
+    )
+    return tinker.SampleResponse(sequences=[sequence], prompt_logprobs_np=logprobs, prompt_cache_hit_tokens=n // 3)
+
+
+class _ProbeClient:
+    """A scoring client that answers at once."""
+
+    def sample(self, prompt: Any, num_samples: int, sampling_params: Any, include_prompt_logprobs: bool = False, **_: Any) -> _Ready:
+        return _Ready(_probe_response(prompt))
+
+    def compute_logprobs(self, prompt: Any, prompt_logprobs_last_n: int | None = None) -> _Ready:
+        return _Ready(_probe_response(prompt).prompt_logprobs)
+
+
+def _run(coroutine: Any) -> Any:
+    """Runs ``coroutine`` to its end, also from inside a running event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    result: list[Any] = []
+
+    def target() -> None:
+        result.append(asyncio.run(coroutine))
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if not result:
+        raise AssertionError("the probe raised in its thread")
+    return result[0]
+
+
+def _advantage_bits(data: list[Any]) -> list[bytes]:
+    return [d.loss_fn_inputs["advantages"].to_numpy().tobytes() for d in data]
+
+
+def _close(ours: dict[str, float], theirs: dict[str, float], what: str) -> None:
+    if list(ours) != list(theirs):
+        raise AssertionError(f"{what}: keys {list(ours)} != {list(theirs)}")
+    for key, value in theirs.items():
+        same = (math.isnan(value) and math.isnan(ours[key])) or abs(ours[key] - value) <= 1e-5 * max(1.0, abs(value))
+        if not same:
+            raise AssertionError(f"{what}: {key} {ours[key]!r} != {value!r}")
+
+
+def _check_penalty(original: Callable[..., Any], ours: Callable[..., Any], args: Callable[[list[Any]], tuple[Any, ...]]) -> None:
+    base = _probe_data()
+    theirs_data, ours_data = copy.deepcopy(base), copy.deepcopy(base)
+    theirs = _run(original(theirs_data, *args(theirs_data)))
+    mine = _run(ours(ours_data, *args(ours_data)))
+    metrics_theirs, metrics_ours = (theirs, mine) if isinstance(theirs, dict) else (theirs[0], mine[0])
+    _close(metrics_ours, metrics_theirs, "metrics")
+    if not isinstance(theirs, dict) and theirs[1] != mine[1]:
+        raise AssertionError(f"usage {mine[1]} != {theirs[1]}")
+    import numpy as np
+
+    # rl.metrics's terms take the batch mean: equal where both round to
+    # the same float32 mean.
+    (key, value), = list(metrics_theirs.items())[:1]
+    if np.float32(metrics_ours[key]) == np.float32(value) and _advantage_bits(ours_data) != _advantage_bits(theirs_data):
+        raise AssertionError("advantages differ")
+    for a, b in zip(ours_data, theirs_data):
+        if not np.allclose(a.loss_fn_inputs["advantages"].to_numpy(), b.loss_fn_inputs["advantages"].to_numpy(), rtol=1e-5, atol=1e-6):
+            raise AssertionError("advantages differ")
+    if [d.loss_fn_inputs["advantages"].dtype for d in ours_data] != ["float32"] * len(base):
+        raise AssertionError("advantages are not float32")
+
+
+def probe_incorporate_kl_penalty(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    for gamma in (0.0, 0.9):
+        _check_penalty(original, ours, lambda data, g=gamma: (_ProbeClient(), 0.5, g))  # type: ignore[misc]
+
+
+def probe_distillation_incorporate_kl_penalty(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    def args(data: list[Any], gamma: float) -> tuple[Any, ...]:
+        return ([_ProbeClient() for _ in data], [i % 2 for i in range(len(data))], 1.0, gamma)
+
+    for gamma in (0.0, 0.9):
+        _check_penalty(original, ours, lambda data, g=gamma: args(data, g))  # type: ignore[misc]
+
+
+def probe_compute_post_kl(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    data = _probe_data()
+    theirs, mine = _run(original(data, _ProbeClient())), _run(ours(data, _ProbeClient()))
+    _close(mine[0], theirs[0], "metrics")
+    if mine[1] != theirs[1]:
+        raise AssertionError(f"usage {mine[1]} != {theirs[1]}")
+
+
+def probe_score_sequences(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    sequences = [d.model_input for d in _probe_data()]
+    theirs, mine = _run(original(_ProbeClient(), sequences)), _run(ours(_ProbeClient(), sequences))
+    if repr(mine) != repr(theirs):
+        raise AssertionError("scores or usage differ")
+
+
+def probe_full_sequence_inputs(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    data = _probe_data()
+    theirs, mine = original(data), ours(data)
+    same = len(mine) == len(theirs) and all(
+        type(a) is type(b) and a == b and a.model_fields_set == b.model_fields_set
+        and [c.model_fields_set for c in a.chunks] == [c.model_fields_set for c in b.chunks]
+        for a, b in zip(mine, theirs)
+    )
+    if not same:
+        raise AssertionError("sequences differ")
+
+
+def probe_discounted_future_sum_vectorized(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    import torch
+
+    x = torch.linspace(-3.0, 2.0, 257, dtype=torch.float32) ** 3
+    for gamma in (0.9, 0.3, 1.0):
+        theirs, mine = original(x, gamma), ours(x, gamma)
+        if mine.dtype != theirs.dtype or mine.numpy().tobytes() != theirs.numpy().tobytes():
+            raise AssertionError(f"differs for gamma={gamma}")
+
+
+class Site(NamedTuple):
+    module: str
+    name: str
+    ours: Callable[..., Any]
+    probe: Callable[[Callable[..., Any], Callable[..., Any]], None]
+    #: Every cookbook module that holds the function under this name.
+    sites: tuple[str, ...]
+
+
+#: What this module replaces, where: the function's home, ours, its probe,
+#: and every module importing it.
+SITES: tuple[Site, ...] = (
+    Site(_METRICS, "incorporate_kl_penalty", incorporate_kl_penalty, probe_incorporate_kl_penalty,
+         (_METRICS, "tinker_cookbook.rl.train")),
+    Site(_METRICS, "compute_post_kl", compute_post_kl, probe_compute_post_kl, (_METRICS, "tinker_cookbook.rl.train")),
+    Site(_METRICS, "score_sequences", score_sequences, probe_score_sequences, (_METRICS,)),
+    Site(_METRICS, "_full_sequence_inputs", full_sequence_inputs, probe_full_sequence_inputs, (_METRICS,)),
+    Site(_METRICS, "discounted_future_sum_vectorized", discounted_future_sum_vectorized,
+         probe_discounted_future_sum_vectorized, (_METRICS, _DISTILLATION)),
+    Site(_DISTILLATION, "incorporate_kl_penalty", distillation_incorporate_kl_penalty,
+         probe_distillation_incorporate_kl_penalty, (_DISTILLATION,)),
+)
+
+
+def ours_for(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The patch layer's ``make``: our replacement of the cookbook's
+    ``original``, found by the module and name it is defined under."""
+    for site in SITES:
+        if (site.module, site.name) == (original.__module__, original.__name__):
+            return site.ours
+    raise KeyError(f"{original.__module__}.{original.__name__}")

@@ -1,0 +1,299 @@
+//! tinker-cookbook's KL penalty arithmetic (`rl.metrics.incorporate_kl_penalty`,
+//! `compute_post_kl`, `discounted_future_sum_vectorized` and on-policy
+//! distillation's `incorporate_kl_penalty`), as torch does it on the CPU:
+//! every per-token term one float32 operation at a time, in the cookbook's
+//! order, a Python scalar rounded to float32 before it multiplies a float32
+//! tensor. The batch sums are float64 (the cookbook's are float32 tensor
+//! sums, whose rounding depends on torch's reduction order).
+//!
+//! Plain Rust over slices; the PyO3 glue is `py/kl.rs`.
+
+/// `(sampled - scored) * mask`: the cookbook's masked logprob difference.
+#[inline]
+pub fn masked_diff(sampled: f32, scored: f32, mask: f32) -> f32 {
+    (sampled - scored) * mask
+}
+
+/// Float64 sums of a batch's masked differences and masks.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DiffSums {
+    pub diff: f64,
+    pub mask: f64,
+}
+
+impl DiffSums {
+    /// Adds one Datum's masked differences and masks; also returns the
+    /// Datum's own sums.
+    #[must_use = "the Datum's own sums"]
+    pub fn add(&mut self, sampled: &[f32], scored: &[f32], mask: &[f32]) -> DiffSums {
+        debug_assert!(sampled.len() == scored.len() && scored.len() == mask.len());
+        let mut own = DiffSums::default();
+        for ((&s, &b), &m) in sampled.iter().zip(scored).zip(mask) {
+            own.diff += f64::from(masked_diff(s, b, m));
+            own.mask += f64::from(m);
+        }
+        self.diff += own.diff;
+        self.mask += own.mask;
+        own
+    }
+
+    /// The mean masked difference (NaN when no mask is set, as the
+    /// cookbook's float32 `0 / 0`).
+    pub fn mean(&self) -> f64 {
+        self.diff / self.mask
+    }
+}
+
+/// The `rl.metrics` penalty of one position: `coef * mask * (avg - diff)`,
+/// evaluated left to right as torch does.
+#[inline]
+pub fn base_penalty(coef: f32, mask: f32, avg: f32, diff: f32) -> f32 {
+    (coef * mask) * (avg - diff)
+}
+
+/// The distillation penalty of one position: `-coef * mask * reverse_kl`
+/// (`neg_coef` is the Python float `-coef`, rounded to float32).
+#[inline]
+pub fn teacher_penalty(neg_coef: f32, mask: f32, reverse_kl: f32) -> f32 {
+    (neg_coef * mask) * reverse_kl
+}
+
+/// `discounted_future_sum_vectorized`: `out[t] = x[t] + gamma * out[t + 1]`
+/// from the end, starting from a running value of 0, one float32 multiply
+/// then one float32 add per step (never fused: a fused multiply-add would
+/// round once and change the bits).
+pub fn discounted_future_sum<T: Recurrence>(x: &[T], gamma: T, out: &mut [T]) {
+    assert_eq!(x.len(), out.len());
+    let mut running = T::ZERO;
+    for (o, &v) in out.iter_mut().zip(x).rev() {
+        running = v.plus(gamma.times(running));
+        *o = running;
+    }
+}
+
+/// In place: `x[t] = x[t] + gamma * x[t + 1]` from the end (the same
+/// recurrence as [`discounted_future_sum`]).
+pub fn discounted_future_sum_in_place(x: &mut [f32], gamma: f32) {
+    let mut running = 0.0f32;
+    for v in x.iter_mut().rev() {
+        running = *v + gamma * running;
+        *v = running;
+    }
+}
+
+/// The float types the recurrence runs in (torch keeps `x`'s dtype).
+pub trait Recurrence: Copy {
+    const ZERO: Self;
+    #[must_use]
+    fn times(self, other: Self) -> Self;
+    #[must_use]
+    fn plus(self, other: Self) -> Self;
+}
+
+impl Recurrence for f32 {
+    const ZERO: f32 = 0.0;
+    #[inline]
+    fn times(self, other: f32) -> f32 {
+        self * other
+    }
+    #[inline]
+    fn plus(self, other: f32) -> f32 {
+        self + other
+    }
+}
+
+impl Recurrence for f64 {
+    const ZERO: f64 = 0.0;
+    #[inline]
+    fn times(self, other: f64) -> f64 {
+        self * other
+    }
+    #[inline]
+    fn plus(self, other: f64) -> f64 {
+        self + other
+    }
+}
+
+/// Which penalty a Datum's advantages take.
+#[derive(Clone, Copy, Debug)]
+pub enum Penalty {
+    /// `rl.metrics`: `coef * mask * (avg - diff)`, `avg` the batch mean.
+    Base { coef: f32, avg: f32 },
+    /// Distillation: `-coef * mask * reverse_kl` (`neg_coef` = `-coef`).
+    Teacher { neg_coef: f32 },
+}
+
+/// One Datum's new advantages: `advantages + penalty`, the penalty
+/// discounted first when `gamma` is given (the cookbook discounts only for
+/// `kl_discount_factor > 0`). `out` gets the result. One pass (backwards
+/// when discounting): each term is computed where the recurrence takes it,
+/// with the same roundings as the cookbook's separate tensors.
+pub fn penalized_advantages(
+    advantages: &[f32],
+    sampled: &[f32],
+    scored: &[f32],
+    mask: &[f32],
+    penalty: Penalty,
+    gamma: Option<f32>,
+    out: &mut [f32],
+) {
+    let n = out.len();
+    assert!(advantages.len() == n && sampled.len() == n && scored.len() == n && mask.len() == n);
+    let term = |k: usize| {
+        let (m, diff) = (mask[k], masked_diff(sampled[k], scored[k], mask[k]));
+        match penalty {
+            Penalty::Base { coef, avg } => base_penalty(coef, m, avg, diff),
+            Penalty::Teacher { neg_coef } => teacher_penalty(neg_coef, m, diff),
+        }
+    };
+    match gamma {
+        None => {
+            for k in 0..n {
+                out[k] = advantages[k] + term(k);
+            }
+        }
+        Some(gamma) => {
+            let mut running = 0.0f32;
+            for k in (0..n).rev() {
+                running = term(k) + gamma * running;
+                out[k] = advantages[k] + running;
+            }
+        }
+    }
+}
+
+/// `compute_post_kl`'s sums over positions whose mask is > 0: the float64
+/// sum of `prev - new` (a float32 difference) and of its square, and the
+/// count.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PostKlSums {
+    pub diff: f64,
+    pub square: f64,
+    pub count: u64,
+}
+
+impl PostKlSums {
+    pub fn add(&mut self, prev: &[f32], new: &[f32], mask: &[f32]) {
+        debug_assert!(prev.len() == new.len() && new.len() == mask.len());
+        for ((&p, &q), &m) in prev.iter().zip(new).zip(mask) {
+            if m > 0.0 {
+                let d = f64::from(p - q);
+                self.diff += d;
+                self.square += d * d;
+                self.count += 1;
+            }
+        }
+    }
+
+    /// `(kl_pre_post_v1, kl_pre_post_v2)`: the mean and half the mean
+    /// square (NaN for no position, as torch's mean of an empty tensor).
+    pub fn metrics(&self) -> (f64, f64) {
+        let n = self.count as f64;
+        (self.diff / n, 0.5 * (self.square / n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The recurrence written out with explicit roundings through float64,
+    /// independent of the generic code above.
+    fn reference_sum(x: &[f32], gamma: f32) -> Vec<f32> {
+        let mut out = vec![0.0f32; x.len()];
+        let mut running = 0.0f32;
+        for t in (0..x.len()).rev() {
+            let product = (f64::from(gamma) * f64::from(running)) as f32;
+            running = (f64::from(x[t]) + f64::from(product)) as f32;
+            out[t] = running;
+        }
+        out
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn discounted_sum_small() {
+        let x = [1.0f32, 2.0, 4.0];
+        let mut out = [0.0f32; 3];
+        discounted_future_sum(&x, 0.5, &mut out);
+        assert_eq!(out, [1.0 + 0.5 * (2.0 + 0.5 * 4.0), 2.0 + 0.5 * 4.0, 4.0]);
+        let mut empty: [f32; 0] = [];
+        discounted_future_sum(&[], 0.5f32, &mut empty);
+        // -0.0 + gamma * 0.0 is +0.0, as in torch.
+        let mut out = [1.0f32];
+        discounted_future_sum(&[-0.0f32], 0.9, &mut out);
+        assert_eq!(out[0].to_bits(), 0.0f32.to_bits());
+    }
+
+    #[test]
+    fn penalties_in_order() {
+        let (adv, s, b, m) = ([1.0f32, 2.0], [-0.5f32, -1.0], [-0.25f32, -3.0], [1.0f32, 0.0]);
+        let mut out = [0.0f32; 2];
+        penalized_advantages(&adv, &s, &b, &m, Penalty::Base { coef: 2.0, avg: 0.5 }, None, &mut out);
+        assert_eq!(out, [1.0 + 2.0 * (0.5 - (-0.25)), 2.0]);
+        penalized_advantages(
+            &adv,
+            &s,
+            &b,
+            &m,
+            Penalty::Teacher { neg_coef: -1.0 },
+            Some(0.5),
+            &mut out,
+        );
+        assert_eq!(out, [1.0 + 0.25, 2.0]);
+        let mut sums = DiffSums::default();
+        let own = sums.add(&s, &b, &m);
+        assert_eq!((own.diff, own.mask, sums.mean()), (-0.25, 1.0, -0.25));
+        assert!(DiffSums::default().mean().is_nan());
+    }
+
+    #[test]
+    fn post_kl_counts_positive_masks() {
+        let mut sums = PostKlSums::default();
+        sums.add(&[-1.0, -2.0, -3.0], &[-1.5, -2.0, 0.0], &[1.0, 0.0, -1.0]);
+        assert_eq!(sums.metrics(), (0.5, 0.125));
+        assert!(PostKlSums::default().metrics().0.is_nan());
+    }
+
+    proptest! {
+        #[test]
+        fn discounted_sum_is_the_rounded_recurrence(
+            x in proptest::collection::vec(-1e6f32..1e6, 0..300),
+            gamma in 0.0f32..1.5,
+        ) {
+            let mut out = vec![0.0f32; x.len()];
+            discounted_future_sum(&x, gamma, &mut out);
+            prop_assert_eq!(bits(&out), bits(&reference_sum(&x, gamma)));
+            let mut in_place = x.clone();
+            discounted_future_sum_in_place(&mut in_place, gamma);
+            prop_assert_eq!(bits(&in_place), bits(&out));
+        }
+
+        #[test]
+        fn advantages_are_the_terms_then_the_sum(
+            rows in proptest::collection::vec((-5f32..5.0, -20f32..0.0, -20f32..0.0, 0u8..3), 0..100),
+            coef in -2f32..2.0,
+            avg in -3f32..3.0,
+            gamma in proptest::option::of(0.01f32..1.0),
+        ) {
+            let adv: Vec<f32> = rows.iter().map(|r| r.0).collect();
+            let s: Vec<f32> = rows.iter().map(|r| r.1).collect();
+            let b: Vec<f32> = rows.iter().map(|r| r.2).collect();
+            let m: Vec<f32> = rows.iter().map(|r| f32::from(r.3) * 0.5).collect();
+            let mut terms: Vec<f32> = (0..rows.len())
+                .map(|k| (coef * m[k]) * (avg - (s[k] - b[k]) * m[k]))
+                .collect();
+            if let Some(g) = gamma {
+                terms = reference_sum(&terms, g);
+            }
+            let expected: Vec<f32> = adv.iter().zip(&terms).map(|(a, t)| a + t).collect();
+            let mut out = vec![0.0f32; rows.len()];
+            penalized_advantages(&adv, &s, &b, &m, Penalty::Base { coef, avg }, gamma, &mut out);
+            prop_assert_eq!(bits(&out), bits(&expected));
+        }
+    }
+}

@@ -1,0 +1,465 @@
+"""tinker-cookbook's KL penalty passes (tinker_rl_data._kl) against the real
+tinker-cookbook 0.6.1: rl.metrics's incorporate_kl_penalty, compute_post_kl,
+score_sequences, _full_sequence_inputs, discounted_future_sum_vectorized and
+distillation.train_on_policy's incorporate_kl_penalty.
+
+Differential: random Datums (masks, empty masks, int64 masks, image chunks,
+a teacher per Datum, several datasets) are scored by a fake sampling client
+that answers at once with tinker SampleResponses, through the cookbook's own
+function and through ours, on copies. The outcomes must be the same: the
+same exception class, or the same requests, usage, metric keys, metrics
+within the float64-vs-float32 tolerance of _kl's docstring, and advantages
+bit-identical (rl.metrics's: wherever both means round to the same float32;
+always, against an independent numpy float32 reference given our mean).
+Inputs the trainer makes must take the native path (no fallback).
+
+Needs tinker_cookbook; skipped where it is absent, except when
+TINKER_RL_DATA_REQUIRE_COOKBOOK=1 (CI).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import math
+
+import numpy as np
+import pytest
+
+from conftest import cookbook_unavailable
+
+try:
+    import torch
+    from tinker_cookbook.distillation import train_on_policy
+    from tinker_cookbook.rl import metrics, train
+except ImportError as exc:
+    cookbook_unavailable(exc)
+
+import tinker
+from hypothesis import given
+from hypothesis import strategies as st
+from tinker.types import EncodedTextChunk, ImageChunk
+
+from tinker_rl_data import _core, _kl
+
+# The cookbook's own functions, read before anything could replace them.
+COOKBOOK = {
+    "incorporate_kl_penalty": metrics.incorporate_kl_penalty,
+    "compute_post_kl": metrics.compute_post_kl,
+    "score_sequences": metrics.score_sequences,
+    "_full_sequence_inputs": metrics._full_sequence_inputs,
+    "discounted_future_sum_vectorized": metrics.discounted_future_sum_vectorized,
+    "distillation": train_on_policy.incorporate_kl_penalty,
+}
+assert all(not getattr(f, "_tinker_rl_data_native", False) for f in COOKBOOK.values())
+
+
+# --------------------------------------------------------------------------
+# the fake service
+
+
+class Ready:
+    def __init__(self, value):
+        self.value = value
+
+    async def _get(self):
+        return self.value
+
+    def coroutine(self):
+        return self._get()
+
+    def result(self):
+        return self.value
+
+
+class FakeClient:
+    """Answers each scoring call at once with the next of ``answers`` (a
+    function of the call's index and prompt), recording the calls."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.calls = []
+
+    def _respond(self, kind, prompt, kwargs):
+        i = len(self.calls)
+        self.calls.append((kind, prompt, kwargs))
+        return self.answer(i, prompt)
+
+    def sample(self, prompt, num_samples, sampling_params, include_prompt_logprobs=False, **rest):
+        kwargs = dict(num_samples=num_samples, sampling_params=sampling_params.model_dump(),
+                      include_prompt_logprobs=include_prompt_logprobs, **rest)
+        return Ready(self._respond("sample", prompt, kwargs))
+
+    async def sample_async(self, *args, **kwargs):
+        return await self.sample(*args, **kwargs).coroutine()
+
+    def compute_logprobs(self, prompt, prompt_logprobs_last_n=None):
+        response = self._respond("compute_logprobs", prompt, {"last_n": prompt_logprobs_last_n})
+        return Ready(response.prompt_logprobs if isinstance(response, tinker.SampleResponse) else response)
+
+
+def response(scores: np.ndarray, form: str, cached: int, sampled: int) -> tinker.SampleResponse:
+    sequence = tinker.SampledSequence(
+        stop_reason="length", sequence_id="s", tokens_np=np.arange(sampled, dtype=np.int32),
+        logprobs_np=np.zeros(sampled, np.float32),
+    )
+    if form == "list":  # built from lists, as from JSON
+        listed = [None if math.isnan(v) else float(v) for v in scores.tolist()]
+        return tinker.SampleResponse(sequences=[sequence], _prompt_logprobs_list=listed, prompt_cache_hit_tokens=cached)
+    r = tinker.SampleResponse(sequences=[sequence], prompt_logprobs_np=scores.copy(), prompt_cache_hit_tokens=cached)
+    if form == "cached":  # its list already made
+        assert r.prompt_logprobs is not None
+    return r
+
+
+# --------------------------------------------------------------------------
+# strategies
+
+finite32 = st.floats(-20.0, 0.0, width=32, allow_nan=False, allow_infinity=False)
+mask_values = st.sampled_from([0.0, 1.0, 1.0, 1.0, 0.5])
+
+
+@st.composite
+def datum(draw, plain: bool):
+    n = draw(st.integers(1 if plain else 0, 10))
+    tokens = [draw(st.integers(0, 50_000)) for _ in range(n + 1)]
+    chunks = [EncodedTextChunk(tokens=tokens[:n])]
+    if n >= 3 and draw(st.booleans()):
+        k = draw(st.integers(1, n - 1))
+        image = ImageChunk(data=b"\x89PNG", format="png", expected_tokens=1)
+        chunks = [EncodedTextChunk(tokens=tokens[:k]), image, EncodedTextChunk(tokens=tokens[k + 1 : n])]
+    empty = draw(st.integers(0, 4)) == 0
+    mask = np.array([0.0 if empty else draw(mask_values) for _ in range(n)], np.float32)
+    logprobs = np.array([draw(finite32) for _ in range(n)], np.float32) * mask
+    advantages = np.array([draw(st.floats(-3, 3, width=32)) for _ in range(n)], np.float32) * mask
+    mask_tensor = tinker.TensorData.from_numpy(mask)
+    if not plain and draw(st.integers(0, 5)) == 0:
+        mask_tensor = tinker.TensorData.from_numpy(mask.astype(np.int64))  # an int64 mask
+    inputs = {
+        "target_tokens": tinker.TensorData.from_numpy(np.array(tokens[1:], np.int64)),
+        "logprobs": tinker.TensorData.from_numpy(logprobs),
+        "advantages": tinker.TensorData.from_numpy(advantages),
+        "mask": mask_tensor,
+    }
+    return tinker.Datum(model_input=tinker.ModelInput(chunks=chunks), loss_fn_inputs=inputs)
+
+
+@st.composite
+def scored_batches(draw, plain: bool = False):
+    """Datums, and per Datum the service's answer: its prompt logprobs
+    (NaN at position 0), in which form, cache hits and tokens sampled."""
+    data = draw(st.lists(datum(plain), min_size=1 if plain else 0, max_size=5))
+    answers = []
+    for d in data:
+        n = d.model_input.length + 1
+        scores = np.array([draw(finite32) for _ in range(n)], np.float32)
+        scores[0] = np.nan
+        form = draw(st.sampled_from(["np", "np", "list", "cached"]))
+        if not plain:
+            odd = draw(st.integers(0, 12))
+            if odd == 0 and n > 2:
+                scores[draw(st.integers(1, n - 1))] = np.nan  # an unscored position: torch refuses None
+            elif odd == 1:
+                scores = scores[:-1] if n > 1 else scores  # one short: torch broadcasts or raises
+        answers.append((scores, form, draw(st.integers(0, n)), draw(st.integers(0, 2))))
+    return data, answers
+
+
+def client(answers):
+    return FakeClient(lambda i, prompt: response(*answers[i]))
+
+
+# --------------------------------------------------------------------------
+# comparing
+
+
+def run(coroutine):
+    try:
+        return "ok", asyncio.run(coroutine)
+    except Exception as e:  # noqa: BLE001 - the class is compared
+        return "raised", type(e)
+
+
+def advantages(data):
+    return [d.loss_fn_inputs["advantages"] for d in data]
+
+
+def same_bits(a, b) -> bool:
+    return all(x.dtype == y.dtype and x.to_numpy().tobytes() == y.to_numpy().tobytes() for x, y in zip(a, b, strict=True))
+
+
+def mean_tolerance(data, answers, key_mask: bool = True) -> float:
+    """_kl's documented bound: (D + 24) * 2**-24 * sum|term| / sum(mask)."""
+    total, weight = 0.0, 0.0
+    for d, (scores, *_) in zip(data, answers):
+        s = d.loss_fn_inputs["logprobs"].to_numpy().astype(np.float64)
+        m = d.loss_fn_inputs["mask"].to_numpy().astype(np.float64)
+        total += float(np.abs((s - scores[1:].astype(np.float64)) * m).sum())
+        weight += float(m.sum())
+    return (len(data) + 24) * 2**-24 * total / weight if weight else math.inf
+
+
+def close(ours: float, theirs: float, tolerance: float) -> bool:
+    if math.isnan(theirs) or math.isnan(ours):
+        return math.isnan(theirs) and math.isnan(ours)
+    return abs(ours - theirs) <= tolerance + 1e-30
+
+
+def reference_advantages(d, scores, coef, gamma, avg=None):
+    """Independent float32 reference of the cookbook's per-token terms
+    (numpy float32 scalars, one operation at a time)."""
+    f = np.float32
+    s = d.loss_fn_inputs["logprobs"].to_numpy().astype(np.float32)
+    m = d.loss_fn_inputs["mask"].to_numpy().astype(np.float32)
+    b = scores[1:].astype(np.float32)
+    diff = (s - b) * m
+    terms = (f(coef) * m) * (f(avg) - diff) if avg is not None else (f(-coef) * m) * diff
+    if gamma > 0:
+        out, running = np.empty_like(terms), f(0.0)
+        for t in range(len(terms) - 1, -1, -1):
+            running = f(terms[t] + f(f(gamma) * running))
+            out[t] = running
+        terms = out
+    return d.loss_fn_inputs["advantages"].to_numpy().astype(np.float32) + terms
+
+
+@pytest.fixture
+def fallbacks(monkeypatch):
+    """The fallbacks taken, by (module, name)."""
+    taken = []
+    original = _kl._cookbook
+
+    def record(module, name, why):
+        taken.append((name, str(why)))
+        return original(module, name, why)
+
+    monkeypatch.setattr(_kl, "_cookbook", record)
+    return taken
+
+
+# --------------------------------------------------------------------------
+# rl.metrics.incorporate_kl_penalty
+
+
+def check_base_penalty(batch, coef, gamma):
+    data, answers = batch
+    theirs_data, ours_data = copy.deepcopy(data), copy.deepcopy(data)
+    theirs_client, ours_client = client(answers), client(answers)
+    theirs = run(COOKBOOK["incorporate_kl_penalty"](theirs_data, theirs_client, coef, gamma))
+    ours = run(_kl.incorporate_kl_penalty(ours_data, ours_client, coef, gamma))
+    assert ours[0] == theirs[0], (ours, theirs)
+    assert repr(ours_client.calls) == repr(theirs_client.calls)
+    if theirs[0] == "raised":
+        assert ours[1] is theirs[1]
+        return
+    (m_theirs, usage_theirs), (m_ours, usage_ours) = theirs[1], ours[1]
+    assert usage_ours == usage_theirs
+    assert list(m_ours) == list(m_theirs) == ["kl_policy_base"]
+    tolerance = mean_tolerance(data, answers)
+    assert close(m_ours["kl_policy_base"], m_theirs["kl_policy_base"], tolerance)
+    avg = np.float32(m_ours["kl_policy_base"])
+    if avg == np.float32(m_theirs["kl_policy_base"]) or (np.isnan(avg) and np.isnan(m_theirs["kl_policy_base"])):
+        assert same_bits(advantages(ours_data), advantages(theirs_data))
+    else:
+        for a, b in zip(advantages(ours_data), advantages(theirs_data)):
+            assert np.allclose(a.to_numpy(), b.to_numpy(), rtol=1e-5, atol=1e-5)
+    return ours_data, answers
+
+
+@given(scored_batches(), st.sampled_from([0.0, 0.1, 1.0, 2.5]), st.sampled_from([0.0, 0.9, 0.5, -1.0]))
+def test_incorporate_kl_penalty_matches_the_cookbook(batch, coef, gamma):
+    check_base_penalty(batch, coef, gamma)
+
+
+@given(scored_batches(plain=True), st.sampled_from([0.1, 1.0]), st.sampled_from([0.0, 0.9]))
+def test_incorporate_kl_penalty_is_native_and_exact(batch, coef, gamma):
+    data, answers = batch
+    ours_data = copy.deepcopy(data)
+    metrics_ours, _ = asyncio.run(_kl.incorporate_kl_penalty(ours_data, client(answers), coef, gamma))
+    for d, new, (scores, *_) in zip(data, advantages(ours_data), answers):
+        expected = reference_advantages(d, scores, coef, gamma, avg=metrics_ours["kl_policy_base"])
+        assert new.dtype == "float32" and new.shape == [len(expected)]
+        assert new.to_numpy().tobytes() == expected.tobytes()
+    # No fallback: the native pass writes every Datum itself.
+    again = copy.deepcopy(data)
+    mean, _, _ = _core.kl_penalty(
+        again, [response(*a) for a in answers], True, False, coef, gamma or None,
+        _kl._tinker_parts().classes, _kl._tinker_parts().direct,
+    )
+    assert same_bits(advantages(again), advantages(ours_data))
+
+
+# --------------------------------------------------------------------------
+# distillation.train_on_policy.incorporate_kl_penalty
+
+
+@given(scored_batches(), st.sampled_from([1.0, 0.5, 3]), st.sampled_from([0.0, 0.9]), st.data())
+def test_distillation_penalty_matches_the_cookbook(batch, coef, gamma, data_strategy):
+    data, answers = batch
+    indices = data_strategy.draw(st.lists(st.integers(0, 2), min_size=len(data), max_size=len(data)))
+    theirs_data, ours_data = copy.deepcopy(data), copy.deepcopy(data)
+    # One teacher per Datum, each answering its own Datum.
+    theirs_teachers = [FakeClient(lambda i, p, a=a: response(*a)) for a in answers]
+    ours_teachers = [FakeClient(lambda i, p, a=a: response(*a)) for a in answers]
+    theirs = run(COOKBOOK["distillation"](theirs_data, theirs_teachers, indices, coef, gamma))
+    ours = run(_kl.distillation_incorporate_kl_penalty(ours_data, ours_teachers, indices, coef, gamma))
+    assert ours[0] == theirs[0], (ours, theirs)
+    assert [repr(t.calls) for t in ours_teachers] == [repr(t.calls) for t in theirs_teachers]
+    if theirs[0] == "raised":
+        assert ours[1] is theirs[1]
+        return
+    assert list(ours[1]) == list(theirs[1])
+    assert close(ours[1]["teacher_kl"], theirs[1]["teacher_kl"], mean_tolerance(data, answers))
+    for key in list(theirs[1])[1:]:
+        assert close(ours[1][key], theirs[1][key], 1e-5 * max(1.0, abs(theirs[1][key])))
+    assert same_bits(advantages(ours_data), advantages(theirs_data))
+
+
+# --------------------------------------------------------------------------
+# compute_post_kl, score_sequences, _full_sequence_inputs
+
+
+@given(scored_batches())
+def test_compute_post_kl_matches_the_cookbook(batch):
+    data, answers = batch
+    theirs_client, ours_client = client(answers), client(answers)
+    theirs = run(COOKBOOK["compute_post_kl"](data, theirs_client))
+    ours = run(_kl.compute_post_kl(data, ours_client))
+    assert ours[0] == theirs[0], (ours, theirs)
+    assert repr(ours_client.calls) == repr(theirs_client.calls)
+    if theirs[0] == "raised":
+        assert ours[1] is theirs[1]
+        return
+    assert ours[1][1] == theirs[1][1]
+    assert list(ours[1][0]) == list(theirs[1][0])
+    # Means over the positions with mask > 0, float64 against float32.
+    scale = max([1.0] + [abs(v) for v in theirs[1][0].values() if not math.isnan(v)])
+    for key, value in theirs[1][0].items():
+        assert close(ours[1][0][key], value, (len(data) + 24) * 2**-22 * scale * 40)
+
+
+@given(scored_batches())
+def test_score_sequences_and_full_sequences_match_the_cookbook(batch):
+    data, answers = batch
+    theirs = run_sync(COOKBOOK["_full_sequence_inputs"], data)
+    ours = run_sync(_kl.full_sequence_inputs, data)
+    assert ours[0] == theirs[0]
+    if theirs[0] == "raised":
+        assert ours[1] is theirs[1]
+        return
+    for a, b in zip(ours[1], theirs[1], strict=True):
+        assert type(a) is type(b) and a == b and a.model_fields_set == b.model_fields_set
+        assert [type(c) for c in a.chunks] == [type(c) for c in b.chunks]
+        assert [c.model_fields_set for c in a.chunks] == [c.model_fields_set for c in b.chunks]
+        assert all(x is y for x, y in zip(a.chunks[:-1], b.chunks[:-1]))
+    sequences = ours[1]
+    theirs_client, ours_client = client(answers), client(answers)
+    theirs_scores = asyncio.run(COOKBOOK["score_sequences"](theirs_client, sequences))
+    ours_scores = asyncio.run(_kl.score_sequences(ours_client, sequences))
+    assert repr(ours_scores) == repr(theirs_scores)
+    assert repr(ours_client.calls) == repr(theirs_client.calls)
+
+
+def run_sync(function, *args):
+    try:
+        return "ok", function(*args)
+    except Exception as e:  # noqa: BLE001
+        return "raised", type(e)
+
+
+# --------------------------------------------------------------------------
+# discounted_future_sum_vectorized
+
+
+@given(
+    st.lists(st.floats(-1e4, 1e4, width=32), max_size=200),
+    st.one_of(st.sampled_from([0.0, 0.9, 0.99, 1.0, 0.5]), st.floats(0.0, 1.5)),
+    st.sampled_from([torch.float32, torch.float64]),
+)
+def test_discounted_future_sum_is_bit_identical(values, gamma, dtype):
+    x = torch.tensor(values, dtype=dtype)
+    theirs = COOKBOOK["discounted_future_sum_vectorized"](x, gamma)
+    ours = _kl.discounted_future_sum_vectorized(x, gamma)
+    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+    assert ours.numpy().tobytes() == theirs.numpy().tobytes()
+
+
+def test_discounted_future_sum_leaves_other_tensors_to_the_cookbook(fallbacks):
+    x = torch.arange(6, dtype=torch.float32)
+    for odd, gamma in [(x[::2], 0.5), (x.reshape(2, 3), 0.5), (x.requires_grad_(), 0.5), (torch.arange(4), 0.5), (x.detach(), 1)]:
+        theirs = run_sync(COOKBOOK["discounted_future_sum_vectorized"], odd, gamma)
+        ours = run_sync(_kl.discounted_future_sum_vectorized, odd, gamma)
+        assert ours[0] == theirs[0]
+        if theirs[0] == "ok":
+            assert torch.equal(ours[1], theirs[1]) and ours[1].dtype == theirs[1].dtype
+    assert len(fallbacks) == 5
+
+
+# --------------------------------------------------------------------------
+# fallbacks, logging, probes
+
+
+def test_a_fallback_sends_no_request_twice_and_logs_once(caplog, monkeypatch):
+    monkeypatch.setattr(_kl, "_logged", set())
+    data = [copy.deepcopy(d) for d in _kl._probe_data()]
+    scores = [np.full(d.model_input.length + 1, -1.0, np.float32) for d in data]
+    for s in scores:
+        s[0] = np.nan
+    scores[0][2] = np.nan  # an unscored position: torch.tensor refuses the None
+    answers = [(s, "np", 0, 1) for s in scores]
+    with caplog.at_level(logging.INFO, logger="tinker_rl_data"):
+        for _ in range(2):
+            fake = client(answers)
+            with pytest.raises(RuntimeError, match="NoneType"):
+                asyncio.run(_kl.incorporate_kl_penalty(copy.deepcopy(data), fake, 1.0, 0.0))
+            assert len(fake.calls) == len(data)
+    logged = [r for r in caplog.records if "incorporate_kl_penalty" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelno == logging.INFO
+
+
+def test_the_trainer_path_takes_no_fallback(fallbacks):
+    data = _kl._probe_data()
+    asyncio.run(_kl.incorporate_kl_penalty(copy.deepcopy(data), _kl._ProbeClient(), 0.5, 0.9))
+    asyncio.run(_kl.compute_post_kl(data, _kl._ProbeClient()))
+    teachers = [_kl._ProbeClient() for _ in data]
+    asyncio.run(_kl.distillation_incorporate_kl_penalty(copy.deepcopy(data), teachers, [0, 1, 0, 1], 1.0, 0.0))
+    _kl.discounted_future_sum_vectorized(torch.ones(5), 0.9)
+    assert fallbacks == []
+
+
+def test_probes_pass_on_the_originals_and_catch_a_difference():
+    originals = {
+        ("tinker_cookbook.rl.metrics", "incorporate_kl_penalty"): COOKBOOK["incorporate_kl_penalty"],
+        ("tinker_cookbook.rl.metrics", "compute_post_kl"): COOKBOOK["compute_post_kl"],
+        ("tinker_cookbook.rl.metrics", "score_sequences"): COOKBOOK["score_sequences"],
+        ("tinker_cookbook.rl.metrics", "_full_sequence_inputs"): COOKBOOK["_full_sequence_inputs"],
+        ("tinker_cookbook.rl.metrics", "discounted_future_sum_vectorized"): COOKBOOK["discounted_future_sum_vectorized"],
+        ("tinker_cookbook.distillation.train_on_policy", "incorporate_kl_penalty"): COOKBOOK["distillation"],
+    }
+    assert {(s.module, s.name) for s in _kl.SITES} == set(originals)
+    for site in _kl.SITES:
+        site.probe(originals[(site.module, site.name)], site.ours)
+        assert all(getattr(__import__(m, fromlist=["_"]), site.name, None) is not None for m in site.sites)
+
+    async def off_by_one(data_D, client, coef, gamma):
+        out = await _kl.incorporate_kl_penalty(data_D, client, coef, gamma)
+        d = data_D[0].loss_fn_inputs
+        d["advantages"] = tinker.TensorData.from_numpy(d["advantages"].to_numpy() + np.float32(1e-3))
+        return out
+
+    with pytest.raises(AssertionError):
+        _kl.probe_incorporate_kl_penalty(COOKBOOK["incorporate_kl_penalty"], off_by_one)
+    with pytest.raises(AssertionError):
+        _kl.probe_discounted_future_sum_vectorized(
+            COOKBOOK["discounted_future_sum_vectorized"], lambda x, g: _kl.discounted_future_sum_vectorized(x, g * 0.999)
+        )
+
+
+def test_replaced_names_are_what_the_cookbook_modules_hold():
+    # Every module named as a site holds the very function replaced.
+    for site in _kl.SITES:
+        home = getattr(__import__(site.module, fromlist=["_"]), site.name)
+        for module in site.sites:
+            assert getattr(__import__(module, fromlist=["_"]), site.name) is home
+    assert train.incorporate_kl_penalty is metrics.incorporate_kl_penalty
