@@ -140,9 +140,10 @@ class Service:
         k = self.seen.get(key, 0)
         self.seen[key] = k + 1
         ids = [f"seq-{key:08x}-{k}-{i}" for i in range(n)]
-        return self._future("sample", (key, k, n, max_tokens), sample_sequence_ids=ids)
+        scored = len(tokens) if req.get("prompt_logprobs") else 0
+        return self._future("sample", (key, k, n, max_tokens, scored), sample_sequence_ids=ids)
 
-    def sample_response(self, key: int, k: int, n: int, max_tokens: int) -> bytes:
+    def sample_response(self, key: int, k: int, n: int, max_tokens: int, scored: int = 0) -> bytes:
         np, pb = self.np, self.pb
         rng = np.random.default_rng([self.seed, key, k])
         msg = pb.SampleResponse()
@@ -151,6 +152,10 @@ class Service:
             seq.stop_reason = pb.STOP_REASON_LENGTH
             seq.tokens = rng.integers(0, VOCAB, max_tokens, dtype=np.int32).tobytes()
             seq.logprobs = (-rng.exponential(1.0, max_tokens)).astype(np.float32).tobytes()
+        if scored:  # a scoring call: the prompt's logprobs, none for its first token
+            prompt = (-rng.exponential(1.0, scored)).astype(np.float32)
+            prompt[0] = np.nan
+            msg.prompt_logprobs = prompt.tobytes()
         return msg.SerializeToString()
 
     def forward_backward(self, body: bytes) -> dict[str, Any]:

@@ -209,7 +209,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workload", nargs="*", choices=list(WORKLOADS), default=list(WORKLOADS))
-    parser.add_argument("--out", type=Path, default=HERE / "KL.md", help="where the markdown goes")
+    parser.add_argument("--out", type=Path, default=None, help="also write the markdown table here (bench/RESULTS.md holds the last run)")
     args = parser.parse_args()
     why = cookbook_available()
     if why is not None:
@@ -219,8 +219,9 @@ def main() -> None:
     text = markdown(results, repeats)
     print()
     print(text)
-    args.out.write_text(text + "\n")
-    print(f"\nwritten to {args.out}")
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+        print(f"\nwritten to {args.out}")
 
 
 if __name__ == "__main__":

@@ -101,6 +101,20 @@ def _rss_reader():
     return read
 
 
+def kl_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The trainer's KL penalty options: against the base model (the fake
+    service scores prompts with seeded logprobs)."""
+    if not args.kl_coef:
+        return {}
+    import tinker_cookbook.rl.train as train
+
+    return {
+        "kl_penalty_coef": args.kl_coef,
+        "kl_discount_factor": args.kl_discount,
+        "kl_reference_config": train.KLReferenceConfig(base_model=MODEL),
+    }
+
+
 def run_child(args: argparse.Namespace) -> None:
     probe = Probe()
     os.environ["TINKER_API_KEY"] = "tml-fake-bench-key"  # the fake service takes any key
@@ -176,10 +190,10 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
             key, _, value = item.partition("=")
             gc_config[key] = None if value == "None" else int(value)
         if variant == "installed+gc" and not gc_config:
-            tinker_rl_data.cookbook.install()  # the default: the collector held to the step
+            tinker_rl_data.cookbook.install(kl=args.install_kl)  # the default: the collector held to the step
             collector = _gc_step.COLLECTOR
         else:
-            tinker_rl_data.cookbook.install(gc=None)
+            tinker_rl_data.cookbook.install(gc=None, kl=args.install_kl)
             if variant.startswith("installed+gc"):
                 collector = _gc_step.StepCollector(**gc_config)
                 undo = _gc_step.apply(collector, train)
@@ -205,6 +219,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
             log_path=log_path,
             base_url=fake.base_url,
             recipe_name="bench_trainer",
+            **kl_options(args),
         )
         t0 = time.perf_counter()
         try:
@@ -350,6 +365,9 @@ def main() -> None:
     p.add_argument("--workload", action="append", default=None)
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kl-coef", type=float, default=0.0, help="kl_penalty_coef (> 0: KL against the base model)")
+    p.add_argument("--kl-discount", type=float, default=0.0, help="kl_discount_factor")
+    p.add_argument("--install-kl", action="store_true", help="install(kl=True): the native KL passes too")
     p.add_argument("--gc-config", default="{}", help="StepCollector arguments as JSON")
     p.add_argument("--out", default=None, help="also write the table and raw results here (.md, .json)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -382,6 +400,8 @@ def main() -> None:
                     cmd = [sys.executable, __file__, "--child", "--workload", name, "--variant", v]
                     cmd += ["--steps", str(args.steps), "--seed", str(args.seed), "--record", str(record)]
                     cmd += ["--out", str(out), "--gc-config", args.gc_config]
+                    cmd += ["--kl-coef", str(args.kl_coef), "--kl-discount", str(args.kl_discount)]
+                    cmd += ["--install-kl"] if args.install_kl else []
                     t0 = time.perf_counter()
                     proc = subprocess.run(cmd, capture_output=True, text=True)
                     if proc.returncode != 0:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import runpy
 import sys
 
-USAGE = """usage: python -m tinker_rl_data.cookbook run [--no-wire] [--no-gc] [--coalesce] [--strict] (-m MODULE | SCRIPT) [ARGS ...]
+USAGE = """usage: python -m tinker_rl_data.cookbook run [--no-wire] [--no-gc] [--coalesce] [--kl] [--strict] (-m MODULE | SCRIPT) [ARGS ...]
 
 Installs tinker_rl_data into tinker-cookbook (tinker_rl_data.cookbook.install()),
 prints what it installed to stderr, then runs MODULE (as `python -m MODULE`) or
@@ -23,10 +23,10 @@ def main(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     args = argv[1:]
-    options: dict[str, bool | None] = {"wire": True, "gc": True, "coalesce": False, "strict": None}
-    while args and args[0] in ("--no-wire", "--no-gc", "--coalesce", "--strict"):
+    options: dict[str, bool | None] = {"wire": True, "gc": True, "coalesce": False, "kl": False, "strict": None}
+    while args and args[0] in ("--no-wire", "--no-gc", "--coalesce", "--kl", "--strict"):
         flag = args.pop(0)
-        if flag in ("--strict", "--coalesce"):
+        if flag in ("--strict", "--coalesce", "--kl"):
             options[flag[2:]] = True
         else:
             options[flag[5:]] = False if flag == "--no-wire" else None
@@ -37,7 +37,9 @@ def main(argv: list[str]) -> int:
     from tinker_rl_data import cookbook
 
     report = cookbook.install(
-        wire=bool(options["wire"]), gc=options["gc"], coalesce=bool(options["coalesce"]), strict=options["strict"]
+        wire=bool(options["wire"]), gc=options["gc"], coalesce=bool(options["coalesce"]),
+        kl=bool(options["kl"]),
+        strict=options["strict"],
     )
     print(report, file=sys.stderr)
     if args[0] == "-m":

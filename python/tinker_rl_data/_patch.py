@@ -62,8 +62,8 @@ class Piece:
     holding the same function gets ours too (``from ... import`` copies).
     ``make`` and ``probe`` are ``"module:function"`` references in this
     package, imported when the piece is installed. ``since``: the first
-    release of the package with the name (an older one without it is no
-    cause for a warning). ``undo``: a reference called at uninstall.
+    release whose function ours reproduces (an older one is left as it is
+    without a warning). ``undo``: a reference called at uninstall.
     """
 
     package: str
@@ -156,6 +156,7 @@ REGISTRY: tuple[Piece, ...] = (
             "._kl:ours_for",
             f"._kl:probe_{probe}",
             label=name if module == "rl.metrics" else f"{module}.{name}",
+            since="0.6.1",  # 0.5.x scores through compute_logprobs_async
         )
         for module, name, probe in (
             ("rl.metrics", "incorporate_kl_penalty", "incorporate_kl_penalty"),
@@ -373,6 +374,9 @@ def _plan(piece: Piece, report: Report) -> _Plan:
         found = report.versions.get(piece.package)
         older = bool(piece.since) and _release(found) < _release(piece.since)
         raise _Left(f"{piece.module} has no {piece.name}" + (f" (added in {piece.since})" if older else ""), expected=older)
+    found = report.versions.get(piece.package)
+    if piece.since and _release(found) < _release(piece.since):
+        raise _Left(f"ours reproduces {piece.since} and later; {found} differs", expected=True)
     if not _is_own(original, piece):
         owner = f"{getattr(original, '__module__', '?')}.{getattr(original, '__qualname__', type(original).__name__)}"
         raise _Left(f"{piece.where} holds {owner}, not {_DISTRIBUTIONS[piece.package]}'s own: kept")

@@ -372,6 +372,7 @@ def install(
     *,
     gc: bool | None = True,
     coalesce: bool = False,
+    kl: bool = False,
     strict: bool | None = None,
 ) -> Any:
     """Use this module's functions in tinker_cookbook and (``wire=True``)
@@ -396,14 +397,16 @@ def install(
     :func:`uninstall`. It changes when the collector runs, not what is
     computed or sent. ``gc=None`` (or False) leaves the collector alone.
 
-    With ``kl_penalty_coef > 0`` and in on-policy distillation the KL
-    passes are replaced too (``_kl.py``): ``rl.metrics``'s
+    ``kl=True`` (opt-in) replaces, for ``kl_penalty_coef > 0`` and on-policy
+    distillation, the KL passes too (``_kl.py``): ``rl.metrics``'s
     ``incorporate_kl_penalty``, ``compute_post_kl``, ``score_sequences``,
     ``_full_sequence_inputs``, ``discounted_future_sum_vectorized`` and
     ``distillation.train_on_policy.incorporate_kl_penalty``: the same
     scoring requests, advantages bit-identical where the batch means round
     alike (their float64 accumulation is within float32 rounding of the
-    cookbook's float32 means).
+    cookbook's float32 means). Opt-in because that rounding can differ: in
+    the trainer bench 2 advantages of 8 Datums differed by one float32 ulp
+    from the cookbook's, so the request bytes are not always stock's.
 
     ``coalesce=True`` (opt-in) merges concurrent ``SamplingClient.sample``
     calls on one client with an identical prompt and sampling parameters,
@@ -428,7 +431,7 @@ def install(
     from . import _patch
 
     del force
-    options = {"data", "step", "kl"} | ({"wire"} if wire else set()) | ({"gc"} if gc else set())
+    options = {"data", "step"} | ({"kl"} if kl else set()) | ({"wire"} if wire else set()) | ({"gc"} if gc else set())
     if coalesce:
         options.add("coalesce")
     return _patch.install(options, owner=__name__, strict=strict)
