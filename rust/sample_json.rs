@@ -132,12 +132,27 @@ pub fn write_int(out: &mut Vec<u8>, v: i64) {
     out.extend_from_slice(&buf[pos..]);
 }
 
-/// `repr(v)` of a finite float: the shortest digits that read back as `v`
-/// (Rust's `{:e}` gives the same digits as Python's dtoa mode 0), laid out
-/// by Python's rule: positional for exponents -4..16, else `d.ddde+XX`.
+/// `repr(v)` of a finite float: the shortest digits that read back as `v`,
+/// the nearest of them (Python's dtoa mode 0), laid out by Python's rule:
+/// positional for exponents -4..16, else `d.ddde+XX`.
 pub fn write_float_repr(out: &mut Vec<u8>, v: f64) {
     debug_assert!(v.is_finite());
-    let sci = format!("{v:e}"); // "-1.2345e-5", "1e16", "0e0"
+    // Rust's `{:e}` gives the shortest digits that read back as `v`; where
+    // two such strings are equally near `v` it may pick the other one than
+    // Python (which takes the nearest, ties to even). At that length, the
+    // correctly rounded digits are Python's.
+    let shortest = format!("{v:e}"); // "-1.2345e-5", "1e16", "0e0"
+    let n = shortest
+        .split('e')
+        .next()
+        .map_or(1, |m| m.bytes().filter(u8::is_ascii_digit).count());
+    let rounded = format!("{:.*e}", n.saturating_sub(1), v);
+    // (A tie rounded to even may not read back, next to a power of two.)
+    let sci = if rounded.parse::<f64>() == Ok(v) {
+        rounded
+    } else {
+        shortest
+    };
     let (mantissa, exp) = sci.split_once('e').expect("`{:e}` has an exponent");
     let exp: i32 = exp.parse().expect("`{:e}` has an integer exponent");
     let (negative, mantissa) = match mantissa.strip_prefix('-') {
@@ -274,6 +289,9 @@ mod tests {
             (f64::MIN_POSITIVE, "2.2250738585072014e-308"),
             (5e-324, "5e-324"),
             (9_007_199_254_740_993.0, "9007199254740992.0"),
+            // Two shortest strings equally near the value: Python's is the even one.
+            (562_949_953_421_312.2, "562949953421312.2"),
+            (5.960_464_477_539_063e-8, "5.960464477539063e-08"),
         ];
         for &(v, want) in cases {
             assert_eq!(repr(v), want, "{v:e}");
