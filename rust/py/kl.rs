@@ -12,16 +12,15 @@
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyDict, PyList, PyString, PyType};
 
-use crate::error::Location;
 use crate::kl::{discounted_future_sum, penalized_advantages, DiffSums, Penalty, PostKlSums};
 use crate::py::build::direct;
 use crate::py::errors::guarded;
 use crate::py::gc::GcPaused;
 use crate::py::read::numbers::{Kind, Numbers, Slice, Value};
-use crate::py::read::{exact_float, exact_int, type_name, ItemKind, Items};
-use crate::py::step::Unsupported;
+use crate::py::read::{exact_float, exact_int, type_name};
+use crate::py::step::{leave_to_cookbook as left, sequence as exact_items, unsupported};
 
 /// `(Datum, ModelInput, EncodedTextChunk, TensorData, SampleResponse)`.
 pub type KlClasses<'py> = (
@@ -31,34 +30,6 @@ pub type KlClasses<'py> = (
     Bound<'py, PyType>,
     Bound<'py, PyType>,
 );
-
-#[cold]
-fn unsupported(why: String) -> PyErr {
-    Unsupported::new_err(why)
-}
-
-/// An `Exception` raised while reading (a missing key, a property) leaves
-/// the input to the cookbook, which raises its own in its own order.
-fn left(py: Python<'_>, err: PyErr) -> PyErr {
-    if err.is_instance_of::<Unsupported>(py) || !err.is_instance_of::<pyo3::exceptions::PyException>(py) {
-        return err;
-    }
-    let why = unsupported(err.to_string());
-    why.set_cause(py, Some(err));
-    why
-}
-
-/// An exact list's or tuple's items (an iterator is left unconsumed).
-fn exact_items<'py>(obj: &Bound<'py, PyAny>, what: &'static str) -> PyResult<Items<'py>> {
-    if obj.is_exact_instance_of::<PyList>() || obj.is_exact_instance_of::<PyTuple>() {
-        Items::of(obj, what, ItemKind::Object, Location::BATCH)
-    } else {
-        Err(unsupported(format!(
-            "{what} is a {}, not a list or tuple",
-            type_name(obj)
-        )))
-    }
-}
 
 /// float32 values, copied out of the memory they were read from (no
 /// pointer into an array is kept while other user objects are read).
