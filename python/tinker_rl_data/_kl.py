@@ -259,6 +259,23 @@ def _sequences(data_D: Any) -> tuple[list[Any] | None, str]:
 # the passes
 
 
+def _penalty(
+    data_D: Any, scored: Any, teacher: bool, coef: Any, discount: Any
+) -> tuple[float, list[float], list[float]] | Exception | str:
+    """The native penalty pass (advantages written back) and its sums, or
+    the reason it leaves the call to the cookbook: ``scored`` are the base
+    model's responses, or (``teacher``) each teacher's logprobs."""
+    reason = _float32_default()
+    if reason is not None:
+        return reason
+    tinker = _tinker_parts()
+    gamma = discount if discount > 0 else None
+    try:
+        return _core.kl_penalty(data_D, scored, not teacher, teacher, coef, gamma, tinker.classes, tinker.direct)
+    except _core.Unsupported as unsupported:
+        return unsupported
+
+
 @_native
 async def incorporate_kl_penalty(
     data_D: list[Any], base_sampling_client: Any, kl_penalty_coef: float, kl_discount_factor: float
@@ -274,22 +291,13 @@ async def incorporate_kl_penalty(
     sequences, why = _sequences(data_D)
     if sequences is None:
         return await _cookbook(_METRICS, name, why)(data_D, base_sampling_client, kl_penalty_coef, kl_discount_factor)  # type: ignore[no-any-return]
-    tinker = _tinker_parts()
     async with _span(name):
         responses, usage = await _score(base_sampling_client, sequences)
-        reason: Exception | str | None = _float32_default()
-        if reason is None:
-            gamma = kl_discount_factor if kl_discount_factor > 0 else None
-            try:
-                mean, _, _ = _core.kl_penalty(
-                    data_D, responses, True, False, kl_penalty_coef, gamma, tinker.classes, tinker.direct
-                )
-            except _core.Unsupported as unsupported:
-                reason = unsupported
-    if reason is not None:
-        original = _cookbook(_METRICS, name, reason)
+        result = _penalty(data_D, responses, False, kl_penalty_coef, kl_discount_factor)
+    if not isinstance(result, tuple):
+        original = _cookbook(_METRICS, name, result)
         return await original(data_D, _Replay(responses), kl_penalty_coef, kl_discount_factor)  # type: ignore[no-any-return]
-    return {"kl_policy_base": mean}, usage
+    return {"kl_policy_base": result[0]}, usage
 
 
 @_native
@@ -367,7 +375,6 @@ async def distillation_incorporate_kl_penalty(
     if sequences is None or not indices_ok:
         why = why or "the dataset indices are not a list of ints, one per Datum"
         return await _cookbook(_DISTILLATION, name, why)(data_D, teacher_clients_D, *args)  # type: ignore[no-any-return]
-    tinker = _tinker_parts()
     async with _span(name):
         teacher_logprobs_D = await asyncio.gather(
             *[
@@ -375,18 +382,11 @@ async def distillation_incorporate_kl_penalty(
                 for teacher_client, sequence_input in zip(teacher_clients_D, sequences)
             ]
         )
-        reason: Exception | str | None = _float32_default()
-        if reason is None:
-            gamma = kl_discount_factor if kl_discount_factor > 0 else None
-            try:
-                mean, kl_sums, mask_sums = _core.kl_penalty(
-                    data_D, teacher_logprobs_D, False, True, kl_penalty_coef, gamma, tinker.classes, tinker.direct
-                )
-            except _core.Unsupported as unsupported:
-                reason = unsupported
-    if reason is not None:
+        result = _penalty(data_D, teacher_logprobs_D, True, kl_penalty_coef, kl_discount_factor)
+    if not isinstance(result, tuple):
         replays = [_Replay([logprobs]) for logprobs in teacher_logprobs_D]
-        return await _cookbook(_DISTILLATION, name, reason)(data_D, replays, *args)  # type: ignore[no-any-return]
+        return await _cookbook(_DISTILLATION, name, result)(data_D, replays, *args)  # type: ignore[no-any-return]
+    mean, kl_sums, mask_sums = result
     per_dataset: dict[int, tuple[float, float]] = {}
     for i, kl_sum, mask_sum in zip(dataset_indices_D, kl_sums, mask_sums):
         prev_kl, prev_mask = per_dataset.get(i, (0.0, 0.0))
