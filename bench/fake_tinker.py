@@ -3,12 +3,12 @@
 
 It runs in its own process (asyncio, one thread) on 127.0.0.1 only, so the
 trainer's process holds the client alone. Sampling returns seeded random
-tokens with logprobs: the draw depends only on the request's prompt and
-sampling parameters and on how many identical requests came before it, so
-two runs whose requests are the same see the same tokens (and the same
-sequence ids) whatever order the requests arrive in. forward_backward parses
+tokens with logprobs: each sample's draw (and sequence id) depends only on
+the request's prompt and sampling parameters and on how many samples of
+that prompt came before it, so k requests of one sample and one request of
+k samples (coalesced sampling) get the same draws. forward_backward parses
 the protobuf body and answers one float32 logprob per target position,
-seeded by the target tokens; with --record DIR it writes every
+each Datum's seeded by its own target tokens; with --record DIR it writes every
 forward_backward body to DIR/fwdbwd-<seq_id>.pb. The server exits when its
 parent process dies or after --timeout seconds.
 
@@ -135,19 +135,22 @@ class Service:
         params = req.get("sampling_params", {})
         n = int(req.get("num_samples", 1))
         max_tokens = int(params.get("max_tokens") or 16)
-        head = f"{max_tokens}|{params.get('temperature')}|{n}|".encode()
+        # Each sample is drawn by (prompt, parameters, how many of that
+        # prompt came before): k requests of one sample and one request of
+        # k samples get the same draws (coalesced sampling is comparable).
+        head = f"{max_tokens}|{params.get('temperature')}|".encode()
         key = zlib.crc32(array("i", tokens).tobytes(), zlib.crc32(head))
         k = self.seen.get(key, 0)
-        self.seen[key] = k + 1
-        ids = [f"seq-{key:08x}-{k}-{i}" for i in range(n)]
+        self.seen[key] = k + n
+        ids = [f"seq-{key:08x}-{k + i}" for i in range(n)]
         scored = len(tokens) if req.get("prompt_logprobs") else 0
         return self._future("sample", (key, k, n, max_tokens, scored), sample_sequence_ids=ids)
 
     def sample_response(self, key: int, k: int, n: int, max_tokens: int, scored: int = 0) -> bytes:
         np, pb = self.np, self.pb
-        rng = np.random.default_rng([self.seed, key, k])
         msg = pb.SampleResponse()
-        for _ in range(n):
+        for i in range(n):
+            rng = np.random.default_rng([self.seed, key, k + i])
             seq = msg.sequences.add()
             seq.stop_reason = pb.STOP_REASON_LENGTH
             seq.tokens = rng.integers(0, VOCAB, max_tokens, dtype=np.int32).tobytes()
@@ -164,15 +167,16 @@ class Service:
         msg.ParseFromString(body)
         if self.record is not None:
             (self.record / f"fwdbwd-{msg.seq_id:06d}.pb").write_bytes(body)
-        crc = 0
+        # Each Datum's logprobs are drawn by its own targets, so a batch in
+        # another order gets the same per-Datum logprobs.
         lengths = []
+        parts = []
         for datum in msg.data:
             target = datum.loss_fn_inputs["target_tokens"]
-            crc = zlib.crc32(target.dense, crc)
             lengths.append(target.shape[0] if target.shape else 0)
-        rng = np.random.default_rng([self.seed, crc])
-        total = sum(lengths)
-        logprobs = (-rng.exponential(1.0, total)).astype(np.float32)
+            rng = np.random.default_rng([self.seed, zlib.crc32(target.dense)])
+            parts.append((-rng.exponential(1.0, lengths[-1])).astype(np.float32))
+        logprobs = np.concatenate(parts) if parts else np.zeros(0, np.float32)
         out = pb.ForwardBackwardOutput()
         out.loss_fn_output_type = "ArrayRecord"
         out.metrics["loss:sum"] = float(logprobs.sum(dtype=np.float64))

@@ -11,6 +11,11 @@ process, variants alternating, --runs times:
   installed     tinker_rl_data.cookbook.install(gc=None) (collector left alone)
   installed+gc  tinker_rl_data.cookbook.install(): the collector held to the step
                 (tinker_rl_data._gc_step, applied to rl.train by this script)
+  installed+coalesce
+                tinker_rl_data.cookbook.install(coalesce=True): with
+                --shared-prompt, a group's first sample calls go out as one
+                request (the fake service draws per sample, so the draws and
+                the bodies are stock's)
 
 Per step: wall and client CPU (the process's, all threads), the rollout
 phase (dataset batch to the train step) and the train phase
@@ -192,6 +197,9 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
         if variant == "installed+gc" and not gc_config:
             tinker_rl_data.cookbook.install(kl=args.install_kl)  # the default: the collector held to the step
             collector = _gc_step.COLLECTOR
+        elif variant == "installed+coalesce":
+            tinker_rl_data.cookbook.install(kl=args.install_kl, coalesce=True)
+            collector = _gc_step.COLLECTOR
         else:
             tinker_rl_data.cookbook.install(gc=None, kl=args.install_kl)
             if variant.startswith("installed+gc"):
@@ -213,7 +221,9 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
     with tempfile.TemporaryDirectory() as log_path, FakeTinker(seed=args.seed, record=record) as fake:
         config = train.Config(
             learning_rate=1e-5,
-            dataset_builder=TokenDatasetBuilder(workload=args.workload, steps=args.steps, seed=args.seed),
+            dataset_builder=TokenDatasetBuilder(
+                workload=args.workload, steps=args.steps, seed=args.seed, shared_prompt=args.shared_prompt
+            ),
             model_name=MODEL,
             max_tokens=workload.completion,
             log_path=log_path,
@@ -259,8 +269,15 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
         "metrics": list(logged),
         "python": sys.version.split()[0],
         "collector": None if collector is None else vars(collector.stats),
+        "coalesced": coalesced_counts(),
     }
     return out
+
+
+def coalesced_counts() -> dict[str, int] | None:
+    """Sample calls merged by install(coalesce=True) in this process."""
+    module = sys.modules.get("tinker_rl_data._coalesce")
+    return None if module is None else module.counts()
 
 
 # ---------------------------------------------------------------------------
@@ -279,11 +296,23 @@ def canonical_bodies(record: Path) -> dict[str, bytes]:
     return out
 
 
-def compare_bodies(a: dict[str, bytes], b: dict[str, bytes]) -> str | None:
+def datum_multiset(body: bytes) -> list[bytes]:
+    """A request's Datums, each serialized deterministically, sorted."""
+    from tinker.proto import tinker_public_pb2 as pb
+
+    msg = pb.ForwardBackwardRequest()
+    msg.ParseFromString(body)
+    return sorted(d.SerializeToString(deterministic=True) for d in msg.data)
+
+
+def compare_bodies(a: dict[str, bytes], b: dict[str, bytes], any_order: bool = False) -> str | None:
+    """None when equal. ``any_order`` (groups sharing a prompt): a request's
+    Datums may come in another order, as which of a group's concurrent
+    sample calls gets which draw is their arrival order at the service."""
     if a.keys() != b.keys():
         return f"requests differ: {sorted(a)} vs {sorted(b)}"
     for name in a:
-        if a[name] != b[name]:
+        if a[name] != b[name] and not (any_order and datum_multiset(a[name]) == datum_multiset(b[name])):
             return f"{name} differs ({len(a[name])} vs {len(b[name])} bytes)"
     return None
 
@@ -368,6 +397,11 @@ def main() -> None:
     p.add_argument("--kl-coef", type=float, default=0.0, help="kl_penalty_coef (> 0: KL against the base model)")
     p.add_argument("--kl-discount", type=float, default=0.0, help="kl_discount_factor")
     p.add_argument("--install-kl", action="store_true", help="install(kl=True): the native KL passes too")
+    p.add_argument(
+        "--shared-prompt",
+        action="store_true",
+        help="a group's members share the first prompt (as GRPO groups do); what installed+coalesce merges",
+    )
     p.add_argument("--gc-config", default="{}", help="StepCollector arguments as JSON")
     p.add_argument("--out", default=None, help="also write the table and raw results here (.md, .json)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -402,6 +436,7 @@ def main() -> None:
                     cmd += ["--out", str(out), "--gc-config", args.gc_config]
                     cmd += ["--kl-coef", str(args.kl_coef), "--kl-discount", str(args.kl_discount)]
                     cmd += ["--install-kl"] if args.install_kl else []
+                    cmd += ["--shared-prompt"] if args.shared_prompt else []
                     t0 = time.perf_counter()
                     proc = subprocess.run(cmd, capture_output=True, text=True)
                     if proc.returncode != 0:
@@ -413,8 +448,17 @@ def main() -> None:
                         reference = (bodies, r["metrics"])
                         verdict = f"reference ({len(bodies)} requests)"
                     else:
-                        problems = [x for x in (compare_bodies(reference[0], bodies), compare_metrics(reference[1], r["metrics"])) if x]
-                        verdict = "; ".join(problems) if problems else f"equal ({len(bodies)} requests)"
+                        any_order = args.shared_prompt
+                        problems = [
+                            x
+                            for x in (
+                                compare_bodies(reference[0], bodies, any_order),
+                                compare_metrics(reference[1], r["metrics"]),
+                            )
+                            if x
+                        ]
+                        same = "equal up to Datum order" if any_order else "equal"
+                        verdict = "; ".join(problems) if problems else f"{same} ({len(bodies)} requests)"
                     prev = checks[name].get(v)
                     checks[name][v] = verdict if prev in (None, verdict) or prev.startswith("reference") else f"{prev}; {verdict}"
                     walls = ", ".join(f"{s['wall_ms']:,.0f}" for s in r["steps"])
