@@ -11,6 +11,9 @@ process, variants alternating, --runs times:
   installed     tinker_rl_data.cookbook.install(gc=None) (collector left alone)
   installed+gc  tinker_rl_data.cookbook.install(): the collector held to the step
                 (tinker_rl_data._gc_step, applied to rl.train by this script)
+  VARIANT/no-huge-pages
+                VARIANT with huge pages for large outputs off
+                (TINKER_RL_DATA_HUGEPAGES=0)
   installed+coalesce
                 tinker_rl_data.cookbook.install(coalesce=True): with
                 --shared-prompt, a group's first sample calls go out as one
@@ -51,6 +54,9 @@ sys.path[:0] = [str(HERE)]
 
 MODEL = "fake/model-8b"
 VARIANTS = ("stock", "installed", "installed+gc")
+# A variant's suffix: the same, with huge pages for large outputs off
+# (TINKER_RL_DATA_HUGEPAGES=0 in its process).
+NO_HUGE_PAGES = "/no-huge-pages"
 TARGETS = {"single_turn_long": 1.6, "many_short": 1.35, "multi_turn_agent": 1.3}
 
 
@@ -85,7 +91,9 @@ class Probe:
             bucket["gc_full_ms"] = bucket.get("gc_full_ms", 0.0) + ms
 
     def mark(self, name: str) -> None:
-        now = (time.perf_counter(), time.process_time())
+        import resource
+
+        now = (time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
         if name == "step_start":
             self.current = {"gc_ms": 0.0, "gc_full_ms": 0.0, "collections": [0, 0, 0], "marks": {}}
             self.steps.append(self.current)
@@ -186,6 +194,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
     # the cookbook's own function (a hook there would be kept as a user's).
     train.do_train_step_and_get_sampling_client = probe.cookbook_train_step
     collector = None
+    label, variant = variant, variant.removesuffix(NO_HUGE_PAGES)
     if variant != "stock":  # installed, installed+gc, installed+gc:key=value,...
         import tinker_rl_data.cookbook
         from tinker_rl_data import _gc_step
@@ -252,6 +261,8 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
                 "rollout_cpu_ms": (m["train_start"][1] - m["step_start"][1]) * 1e3,
                 "train_wall_ms": (m["train_end"][0] - m["train_start"][0]) * 1e3,
                 "train_cpu_ms": (m["train_end"][1] - m["train_start"][1]) * 1e3,
+                "faults": m["step_end"][2] - m["step_start"][2],
+                "train_faults": m["train_end"][2] - m["train_start"][2],
                 "gc_ms": s["gc_ms"],
                 "gc_full_ms": s["gc_full_ms"],
                 "collections": s["collections"],
@@ -260,7 +271,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
         )
     out = {
         "workload": args.workload,
-        "variant": variant,
+        "variant": label,
         "steps": steps,
         "outside": probe.outside,
         "total_s": total,
@@ -351,7 +362,8 @@ def med(values: list[float]) -> float:
 def summarize(runs: list[dict[str, Any]], skip_first: bool = True) -> dict[str, float]:
     steps = [s for r in runs for s in (r["steps"][1:] if skip_first and len(r["steps"]) > 1 else r["steps"])]
     keys = ["wall_ms", "cpu_ms", "rollout_wall_ms", "rollout_cpu_ms", "train_wall_ms", "train_cpu_ms", "gc_ms", "gc_full_ms", "rss_mb"]
-    out = {k: med([s[k] for s in steps]) for k in keys}
+    keys += ["faults", "train_faults"]
+    out = {k: med([s.get(k, math.nan) for s in steps]) for k in keys}
     out["full_collections"] = med([s["collections"][2] for s in steps])
     out["young_collections"] = med([s["collections"][0] + s["collections"][1] for s in steps])
     out["peak_rss_mb"] = med([r["peak_rss_mb"] for r in runs])
@@ -367,8 +379,9 @@ def render(results: dict[str, dict[str, list[dict[str, Any]]]], checks: dict[str
         f"Python {python}; {args.steps} steps per run, {args.runs} run(s) per variant, alternating; "
         "medians over steps after each run's first (ms per step)",
         "",
-        "| workload | variant | wall | ratio | client CPU | ratio | rollout CPU | train CPU | GC (full) | collections full / young | peak RSS MB | bodies, metrics |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| workload | variant | wall | ratio | client CPU | ratio | rollout CPU | train CPU | GC (full) | collections full / young "
+        "| page faults (train) | peak RSS MB | bodies, metrics |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for name, by_variant in results.items():
         base = summarize(by_variant["stock"]) if "stock" in by_variant else None
@@ -382,6 +395,7 @@ def render(results: dict[str, dict[str, list[dict[str, Any]]]], checks: dict[str
                 f"| {name} | {v} | {s['wall_ms']:,.0f} | {ratio} | {s['cpu_ms']:,.0f} | {cpu_ratio} | {s['rollout_cpu_ms']:,.0f} | "
                 f"{s['train_cpu_ms']:,.0f} | {s['gc_ms']:,.0f} ({s['gc_full_ms']:,.0f}) | "
                 f"{s['full_collections']:.0f} / {s['young_collections']:.0f} | "
+                f"{s['faults']:,.0f} ({s['train_faults']:,.0f}) | "
                 f"{s['peak_rss_mb']:,.0f} | {checks[name].get(v, '')} |"
             )
     return "\n".join(lines)
@@ -438,7 +452,8 @@ def main() -> None:
                     cmd += ["--install-kl"] if args.install_kl else []
                     cmd += ["--shared-prompt"] if args.shared_prompt else []
                     t0 = time.perf_counter()
-                    proc = subprocess.run(cmd, capture_output=True, text=True)
+                    env = {**os.environ, "TINKER_RL_DATA_HUGEPAGES": "0"} if v.endswith(NO_HUGE_PAGES) else None
+                    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
                     if proc.returncode != 0:
                         sys.exit(f"{name} {v} failed:\n{proc.stderr[-4000:]}")
                     r = json.loads(out.read_text())

@@ -10,6 +10,14 @@ against tinker's own encoder, on the workloads of bench/workloads.py.
    from cookbook-shaped objects, so tinker_cookbook is not needed).
 2. Rollouts to request bytes: compute_advantages + assemble_training_data +
    encoding, with our encoder and with tinker's.
+3. In the trainer's conditions: the Datums of a step
+   (`tinker_rl_data.cookbook.assemble_training_data`, provenance) cut into
+   requests by tinker's own chunker (`TrainingClient._chunked_requests_generator`,
+   its default 5 MB / 1024 Datums per request), encoded one request after
+   another, each freed before the next, by tinker's encoder and then by
+   ours (as a stock step and an installed step follow each other): per step
+   time and minor page faults, in a child process each with huge pages for
+   large outputs on and off (TINKER_RL_DATA_HUGEPAGES=0).
 
 Medians of --repeats runs (default 7) after a warm-up, GC enabled; each
 run's result is freed outside the clock. Ratios are within one run. The
@@ -181,7 +189,65 @@ def pipeline_rows(name: str, repeats: int, log) -> list[dict]:
     return rows
 
 
-def markdown(encoding: list[dict], pipeline: list[dict], repeats: int) -> str:
+def tinkers_chunks(datums) -> list[list]:
+    """The Datums of each request tinker's TrainingClient would send."""
+    from tinker.lib.public_interfaces.training_client import TrainingClient
+    from tinker.types.client_config_response import ClientConfigResponse
+
+    client = SimpleNamespace(holder=SimpleNamespace(_client_config=ClientConfigResponse()))
+    return [chunk.data for chunk in TrainingClient._chunked_requests_generator(client, datums)]
+
+
+def loop_child(name: str, repeats: int) -> dict:
+    """Per step: every request encoded by tinker, then by ours, each freed
+    at once; medians of the step times and page faults."""
+    import resource
+
+    groups = WORKLOADS[name].build()
+    cb_groups = cookbook_shaped(groups)
+    datums = cookbook.assemble_training_data(cb_groups, group_advantages(cb_groups))[0]
+    requests = [request(chunk) for chunk in tinkers_chunks(datums)]
+    assert all(ours(r) == forward_backward_request_to_proto(r).SerializeToString(deterministic=True) for r in requests)
+
+    def step(encode) -> tuple[float, int]:
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        t0 = time.perf_counter()
+        for r in requests:
+            body = encode(r)
+            del body
+        return time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+
+    runs: dict[str, list[tuple[float, int]]] = {"tinker": [], "ours": []}
+    step(tinkers), step(ours)
+    for _ in range(repeats):
+        runs["tinker"].append(step(tinkers))
+        runs["ours"].append(step(ours))
+    out = {"workload": name, "requests": len(requests), "datums": len(datums)}
+    for k, v in runs.items():
+        out[k] = statistics.median(t for t, _ in v)
+        out[k + "_faults"] = statistics.median(f for _, f in v)
+    return out
+
+
+def loop_rows(name: str, repeats: int, log) -> list[dict]:
+    import json
+    import os
+    import subprocess
+
+    rows = []
+    for huge in ("1", "0"):
+        env = {**os.environ, "TINKER_RL_DATA_HUGEPAGES": huge}
+        cmd = [sys.executable, __file__, "--loop-child", name, "--repeats", str(repeats)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+        row = {**json.loads(proc.stdout.splitlines()[-1]), "huge_pages": huge == "1"}
+        log(f"{name:18} tinker's chunks ({row['requests']} requests), huge pages {'on ' if row['huge_pages'] else 'off'}: "
+            f"tinker {row['tinker'] * 1e3:7.1f} ms ({row['tinker_faults']:,.0f} faults)  ours right after "
+            f"{row['ours'] * 1e3:6.1f} ms ({row['ours_faults']:,.0f} faults)  {row['tinker'] / row['ours']:.1f}x")
+        rows.append(row)
+    return rows
+
+
+def markdown(encoding: list[dict], pipeline: list[dict], repeats: int, loop: list[dict] | None = None) -> str:
     lines = [
         "## Request bytes: tinker_rl_data.wire against tinker's encoder",
         "",
@@ -216,6 +282,22 @@ def markdown(encoding: list[dict], pipeline: list[dict], repeats: int) -> str:
             f"| {r['workload']} | {r['datums']} | {r['tinker'] * 1e3:.1f} | {r['ours'] * 1e3:.1f} | "
             f"{r['ours'] / r['tinker']:.2f}x |"
         )
+    if loop:
+        lines += [
+            "",
+            "In the trainer's conditions: a step's Datums (tinker_rl_data.cookbook, provenance) in the requests",
+            "tinker's chunker cuts, encoded one after another and freed, tinker's encoder then ours; medians per",
+            "step, minor page faults per step; huge pages for outputs of 4 MiB and more on / off:",
+            "",
+            "| workload | requests | huge pages | tinker ms | faults | ours ms | faults | speed-up |",
+            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r in loop:
+            lines.append(
+                f"| {r['workload']} | {r['requests']} | {'on' if r['huge_pages'] else 'off'} | "
+                f"{r['tinker'] * 1e3:.1f} | {r['tinker_faults']:,.0f} | {r['ours'] * 1e3:.1f} | "
+                f"{r['ours_faults']:,.0f} | {r['tinker'] / r['ours']:.1f}x |"
+            )
     return "\n".join(lines)
 
 
@@ -223,15 +305,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--workload", nargs="*", choices=list(WORKLOADS), default=list(WORKLOADS))
+    parser.add_argument("--loop-only", action="store_true", help="only section 3 (tinker's chunks)")
+    parser.add_argument("--loop-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     repeats = max(args.repeats, 5)
-    encoding, pipeline = [], []
+    if args.loop_child:
+        import json
+
+        print(json.dumps(loop_child(args.loop_child, repeats)))
+        return
+    encoding, pipeline, loop = [], [], []
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    if not args.loop_only:
+        for name in args.workload:
+            encoding += encoding_rows(name, repeats, log)
+        for name in args.workload:
+            pipeline += pipeline_rows(name, repeats, log)
     for name in args.workload:
-        encoding += encoding_rows(name, repeats, lambda s: print(s, flush=True))
-    for name in args.workload:
-        pipeline += pipeline_rows(name, repeats, lambda s: print(s, flush=True))
+        loop += loop_rows(name, repeats, log)
     print()
-    print(markdown(encoding, pipeline, repeats))
+    print(markdown(encoding, pipeline, repeats, loop))
 
 
 if __name__ == "__main__":

@@ -3,12 +3,14 @@
 //! Plain Rust, unit-tested with `cargo test`: `plan` (where rows begin and
 //! end), `rows` (the numeric core that writes a row's columns),
 //! `advantages`, `kl` (the cookbook's KL penalty arithmetic), `metrics` (tinker-cookbook's per-step metrics), `error`,
-//! `wire` (tinker's request bytes), `sample_json` (its sample request's JSON). The PyO3 glue is the `py` folder.
+//! `wire` (tinker's request bytes), `sample_json` (its sample request's JSON),
+//! `pages` (huge pages for large outputs). The PyO3 glue is the `py` folder.
 
 pub mod advantages;
 pub mod error;
 pub mod kl;
 pub mod metrics;
+pub mod pages;
 pub mod plan;
 mod py;
 pub mod rows;

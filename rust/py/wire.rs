@@ -125,6 +125,7 @@ unsafe fn written<'py>(py: Python<'py>, message: &Request<'_>, arrays: &[&[u8]])
     // returned; MaybeUninit: written, never read, here.
     let out =
         unsafe { std::slice::from_raw_parts_mut(ffi::PyBytes_AsString(bytes.as_ptr()).cast::<MaybeUninit<u8>>(), len) };
+    crate::pages::advise_huge_pages(out.as_ptr().cast::<u8>(), len);
     if len >= DETACH_AT {
         // The memory of Python objects (arrays, strs, bytes) is copied with
         // the GIL held, so that no other thread can resize an array
