@@ -3,8 +3,8 @@
 //! distillation's `incorporate_kl_penalty`), as torch does it on the CPU:
 //! every per-token term one float32 operation at a time, in the cookbook's
 //! order, a Python scalar rounded to float32 before it multiplies a float32
-//! tensor. The batch sums are float64 (the cookbook's are float32 tensor
-//! sums, whose rounding depends on torch's reduction order).
+//! tensor. The batch mean is the cookbook's float32 one: torch's tensor
+//! sums (`crate::torch_sum`) combined in Python's order.
 //!
 //! Plain Rust over slices; the PyO3 glue is `py/kl.rs`.
 
@@ -14,32 +14,25 @@ pub fn masked_diff(sampled: f32, scored: f32, mask: f32) -> f32 {
     (sampled - scored) * mask
 }
 
-/// Float64 sums of a batch's masked differences and masks.
+/// A batch's sums as the cookbook makes them: each Datum's float32 tensor
+/// sum (`crate::torch_sum`), added in order by Python's `sum` (`0 + t0 +
+/// t1 + ...`, float32 adds).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct DiffSums {
-    pub diff: f64,
-    pub mask: f64,
+    pub diff: f32,
+    pub mask: f32,
 }
 
 impl DiffSums {
-    /// Adds one Datum's masked differences and masks; also returns the
-    /// Datum's own sums.
-    #[must_use = "the Datum's own sums"]
-    pub fn add(&mut self, sampled: &[f32], scored: &[f32], mask: &[f32]) -> DiffSums {
-        debug_assert!(sampled.len() == scored.len() && scored.len() == mask.len());
-        let mut own = DiffSums::default();
-        for ((&s, &b), &m) in sampled.iter().zip(scored).zip(mask) {
-            own.diff += f64::from(masked_diff(s, b, m));
-            own.mask += f64::from(m);
-        }
-        self.diff += own.diff;
-        self.mask += own.mask;
-        own
+    /// Adds one Datum's sums of its masked differences and of its mask.
+    pub fn add(&mut self, diff: f32, mask: f32) {
+        self.diff += diff;
+        self.mask += mask;
     }
 
-    /// The mean masked difference (NaN when no mask is set, as the
-    /// cookbook's float32 `0 / 0`).
-    pub fn mean(&self) -> f64 {
+    /// `sum(diffs) / sum(masks)`, one float32 division (NaN when no mask
+    /// is set: `0 / 0`).
+    pub fn mean(&self) -> f32 {
         self.diff / self.mask
     }
 }
@@ -246,8 +239,9 @@ mod tests {
         );
         assert_eq!(out, [1.0 + 0.25, 2.0]);
         let mut sums = DiffSums::default();
-        let own = sums.add(&s, &b, &m);
-        assert_eq!((own.diff, own.mask, sums.mean()), (-0.25, 1.0, -0.25));
+        sums.add(-0.25, 1.0);
+        sums.add(1.0, 3.0);
+        assert_eq!(sums.mean(), 0.75 / 4.0);
         assert!(DiffSums::default().mean().is_nan());
     }
 

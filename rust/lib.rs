@@ -2,7 +2,7 @@
 //!
 //! Plain Rust, unit-tested with `cargo test`: `plan` (where rows begin and
 //! end), `rows` (the numeric core that writes a row's columns),
-//! `advantages`, `kl` (the cookbook's KL penalty arithmetic), `metrics` (tinker-cookbook's per-step metrics), `error`,
+//! `advantages`, `kl` (the cookbook's KL penalty arithmetic), `torch_sum` (torch's float32 `Tensor.sum()`), `metrics` (tinker-cookbook's per-step metrics), `error`,
 //! `wire` (tinker's request bytes), `sample_json` (its sample request's JSON),
 //! `pages` (huge pages for large outputs). The PyO3 glue is the `py` folder.
 
@@ -17,6 +17,7 @@ pub mod rows;
 #[cfg(test)]
 mod rows_fuzz;
 pub mod sample_json;
+pub mod torch_sum;
 pub mod wire;
 
 use pyo3::prelude::*;

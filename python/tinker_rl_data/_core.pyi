@@ -1,6 +1,6 @@
 """The Rust core (PyO3). Private: use the functions of ``tinker_rl_data``."""
 
-from typing import Any, final
+from typing import Any, Callable, final
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +32,7 @@ __all__ = [
     "post_kl",
     "full_sequence_inputs",
     "discounted_future_sum",
+    "torch_sum",
 ]
 
 __version__: str
@@ -148,7 +149,10 @@ def kl_penalty(
     gamma: Any,
     classes: _KlClasses,
     direct: bool,
+    lanes: int,
+    torch_sum: Callable[[npt.NDArray[np.float32], bool], float],
 ) -> tuple[float, list[float], list[float]]: ...
 def post_kl(data: Any, scored: Any, classes: _KlClasses) -> tuple[float, float]: ...
 def full_sequence_inputs(data: Any, classes: _KlClasses, direct: bool) -> list[Any]: ...
 def discounted_future_sum(x: npt.NDArray[Any], gamma: float) -> npt.NDArray[Any]: ...
+def torch_sum(x: npt.NDArray[np.float32], lanes: int, contiguous: bool) -> float | None: ...

@@ -17,18 +17,19 @@ discounted sum as its sequential float32 recurrence (bit for bit). Each
 Datum's ``advantages`` become a new float32 ``TensorData``, as the cookbook
 writes them.
 
-Tolerance. The cookbook's batch means are float32 tensor sums; ours are
-accumulated in float64, so a mean here differs from the cookbook's by at
-most its float32 rounding: ``|ours - cookbook| <= (D + 24) * 2**-24 * S``
-with ``D`` the number of Datums and ``S`` the sum of ``|term|`` over the
-batch divided by the sum of the masks (``kl_policy_base``,
-``teacher_kl``; ``kl_pre_post_v*`` count positions instead of masks).
-The mean also enters ``rl.metrics``'s per-token terms (``avg - diff``),
-rounded to float32: where it rounds to the cookbook's float32 mean, the
-advantages are bit-identical; otherwise they differ by that difference
-times ``|coef| * mask`` (summed along the discount), plus float32 rounding.
-The distillation advantages do not depend on the mean: always
-bit-identical.
+The penalty passes' batch means are the cookbook's float32 ones, bit for
+bit: each Datum's sum is torch's CPU ``Tensor.sum()`` (ATen's cascade sum,
+reproduced in ``rust/torch_sum.rs`` for the vector width of the kernel
+torch runs, found from ``torch.backends.cpu.get_cpu_capability()`` and
+checked against torch's own sums once; a Datum of 32768 positions or more,
+which torch sums in chunks over its threads, is summed by torch itself),
+the Datums' sums added in order as Python's ``sum`` does, then one float32
+division. So ``kl_policy_base``, ``teacher_kl`` and its per-dataset
+values are the cookbook's, and so are all advantages. Where the sum's
+order is not reproduced (another capability), the penalty passes are the
+cookbook's. ``compute_post_kl``'s means are summed in float64: they differ
+from the cookbook's float32 ones by at most ``(D + 24) * 2**-24 * S``
+(``D`` Datums, ``S`` the mean of ``|term|`` over the positions).
 
 Inputs the native pass does not take exactly (other classes than tinker's,
 sparse or int64 logprobs, scored logprobs that torch would broadcast or
@@ -259,6 +260,64 @@ def _sequences(data_D: Any) -> tuple[list[Any] | None, str]:
 # the passes
 
 
+#: ``Vectorized<float>::size()`` of the sum kernel torch runs, by CPU
+#: capability, first guess first. torch registers no AVX512 sum kernel (its
+#: ``REGISTER_DISPATCH`` leaves AVX512 and SVE256 to the next one down):
+#: AVX512 runs AVX2's; ARM's DEFAULT (NEON) is 4 or 8 floats by version.
+_LANES = {"AVX2": (8,), "AVX512": (8, 16), "DEFAULT": (8, 4), "SVE256": (8, 4)}
+
+_lanes: int | str | None = None
+
+
+def _sum_samples() -> list[Any]:
+    """float32 arrays of mixed magnitudes, around every length where
+    torch's cascade sum changes its shape."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    lengths = [0, 1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 255, 256, 257, 1023, 1024, 1025, 4096, 4097, 20000]
+    return [(rng.standard_normal(n) * 10.0 ** rng.integers(-8, 8, n)).astype(np.float32) for n in lengths]
+
+
+def _summing() -> int | str:
+    """How many floats torch's sum kernel takes per vector here, checked
+    against torch's own sums; or why torch's sums are not reproduced."""
+    global _lanes
+    if _lanes is None:
+        import torch
+
+        capability = torch.backends.cpu.get_cpu_capability()
+        samples = _sum_samples()
+        theirs = [torch.from_numpy(a).sum().item() for a in samples]
+        theirs_strided = [_torch_sum(a, False) for a in samples]
+        found: int | str = f"torch's float32 sum under CPU capability {capability} is not reproduced"
+        for lanes in _LANES.get(capability, ()):
+            ours = [_core.torch_sum(a, lanes, True) for a in samples]
+            strided = [_core.torch_sum(a, lanes, False) for a in samples]
+            if _same_floats(ours, theirs) and _same_floats(strided, theirs_strided):
+                found = lanes
+                break
+        _lanes = found
+    return _lanes
+
+
+def _same_floats(ours: list[float], theirs: list[float]) -> bool:
+    import numpy as np
+
+    return np.array(ours, np.float32).tobytes() == np.array(theirs, np.float32).tobytes()
+
+
+def _torch_sum(values: Any, contiguous: bool) -> float:
+    """torch's own ``Tensor.sum()`` of ``values`` as a contiguous or a
+    strided float32 tensor (strided ones are summed in another order)."""
+    import torch
+
+    tensor = torch.from_numpy(values)
+    if not contiguous:
+        tensor = torch.empty(2 * len(values), dtype=torch.float32)[::2].copy_(tensor)
+    return float(tensor.sum().item())
+
+
 def _penalty(
     data_D: Any, scored: Any, teacher: bool, coef: Any, discount: Any
 ) -> tuple[float, list[float], list[float]] | Exception | str:
@@ -268,10 +327,15 @@ def _penalty(
     reason = _float32_default()
     if reason is not None:
         return reason
+    lanes = _summing()
+    if isinstance(lanes, str):
+        return lanes
     tinker = _tinker_parts()
     gamma = discount if discount > 0 else None
     try:
-        return _core.kl_penalty(data_D, scored, not teacher, teacher, coef, gamma, tinker.classes, tinker.direct)
+        return _core.kl_penalty(
+            data_D, scored, not teacher, teacher, coef, gamma, tinker.classes, tinker.direct, lanes, _torch_sum
+        )
     except _core.Unsupported as unsupported:
         return unsupported
 
@@ -284,9 +348,9 @@ async def incorporate_kl_penalty(
     Datum's sequence under ``base_sampling_client`` and adds
     ``kl_penalty_coef * mask * (avg - diff)`` (discounted when
     ``kl_discount_factor > 0``) to its advantages, ``diff`` being the
-    masked ``logprobs - base logprob`` and ``avg`` its batch mean, returned
-    as ``kl_policy_base`` (accumulated in float64: see the module's
-    tolerance) with the scoring calls' usage."""
+    masked ``logprobs - base logprob`` and ``avg`` its float32 batch mean,
+    returned as ``kl_policy_base`` with the scoring calls' usage (all as
+    the cookbook's, bit for bit)."""
     name = "incorporate_kl_penalty"
     sequences, why = _sequences(data_D)
     if sequences is None:
@@ -362,8 +426,9 @@ async def distillation_incorporate_kl_penalty(
     and adds ``-kl_penalty_coef * mask * reverse_kl`` (discounted when
     ``kl_discount_factor > 0``) to its advantages, ``reverse_kl`` being the
     masked ``logprobs - teacher logprob``. Metrics: ``teacher_kl`` (the
-    batch mean) and ``teacher_kl/dataset_<i>`` per dataset with a mask,
-    summed in float64."""
+    float32 batch mean) and ``teacher_kl/dataset_<i>`` per dataset with a
+    mask (the Datums' float32 sums added as Python floats), as the
+    cookbook's."""
     name = "incorporate_kl_penalty"
     args = (dataset_indices_D, kl_penalty_coef, kl_discount_factor)
     sequences, why = _sequences(data_D)
@@ -479,6 +544,14 @@ def _advantage_bits(data: list[Any]) -> list[bytes]:
     return [d.loss_fn_inputs["advantages"].to_numpy().tobytes() for d in data]
 
 
+def _same(ours: dict[str, float], theirs: dict[str, float], what: str) -> None:
+    if list(ours) != list(theirs):
+        raise AssertionError(f"{what}: keys {list(ours)} != {list(theirs)}")
+    for key, value in theirs.items():
+        if not ((math.isnan(value) and math.isnan(ours[key])) or ours[key] == value):
+            raise AssertionError(f"{what}: {key} {ours[key]!r} != {value!r}")
+
+
 def _close(ours: dict[str, float], theirs: dict[str, float], what: str) -> None:
     if list(ours) != list(theirs):
         raise AssertionError(f"{what}: keys {list(ours)} != {list(theirs)}")
@@ -494,24 +567,25 @@ def _check_penalty(original: Callable[..., Any], ours: Callable[..., Any], args:
     theirs = _run(original(theirs_data, *args(theirs_data)))
     mine = _run(ours(ours_data, *args(ours_data)))
     metrics_theirs, metrics_ours = (theirs, mine) if isinstance(theirs, dict) else (theirs[0], mine[0])
-    _close(metrics_ours, metrics_theirs, "metrics")
+    _same(metrics_ours, metrics_theirs, "metrics")
     if not isinstance(theirs, dict) and theirs[1] != mine[1]:
         raise AssertionError(f"usage {mine[1]} != {theirs[1]}")
-    import numpy as np
-
-    # rl.metrics's terms take the batch mean: equal where both round to
-    # the same float32 mean.
-    (key, value), = list(metrics_theirs.items())[:1]
-    if np.float32(metrics_ours[key]) == np.float32(value) and _advantage_bits(ours_data) != _advantage_bits(theirs_data):
+    if _advantage_bits(ours_data) != _advantage_bits(theirs_data):
         raise AssertionError("advantages differ")
-    for a, b in zip(ours_data, theirs_data):
-        if not np.allclose(a.loss_fn_inputs["advantages"].to_numpy(), b.loss_fn_inputs["advantages"].to_numpy(), rtol=1e-5, atol=1e-6):
-            raise AssertionError("advantages differ")
     if [d.loss_fn_inputs["advantages"].dtype for d in ours_data] != ["float32"] * len(base):
         raise AssertionError("advantages are not float32")
 
 
+def _check_sums() -> None:
+    """Our float32 sums are torch's here (else the penalty passes' means
+    would not be the cookbook's)."""
+    lanes = _summing()
+    if isinstance(lanes, str):
+        raise AssertionError(lanes)
+
+
 def probe_incorporate_kl_penalty(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    _check_sums()
     for gamma in (0.0, 0.9):
         _check_penalty(original, ours, lambda data, g=gamma: (_ProbeClient(), 0.5, g))  # type: ignore[misc]
 
@@ -520,6 +594,7 @@ def probe_distillation_incorporate_kl_penalty(original: Callable[..., Any], ours
     def args(data: list[Any], gamma: float) -> tuple[Any, ...]:
         return ([_ProbeClient() for _ in data], [i % 2 for i in range(len(data))], 1.0, gamma)
 
+    _check_sums()
     for gamma in (0.0, 0.9):
         _check_penalty(original, ours, lambda data, g=gamma: args(data, g))  # type: ignore[misc]
 

@@ -51,6 +51,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(crate::py::kl::py_post_kl, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::kl::py_full_sequence_inputs, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::kl::py_discounted_future_sum, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::py::kl::py_torch_sum, m)?)?;
     Ok(())
 }
 

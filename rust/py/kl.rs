@@ -14,13 +14,14 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyType};
 
-use crate::kl::{discounted_future_sum, penalized_advantages, DiffSums, Penalty, PostKlSums};
+use crate::kl::{discounted_future_sum, masked_diff, penalized_advantages, DiffSums, Penalty, PostKlSums};
 use crate::py::build::direct;
 use crate::py::errors::guarded;
 use crate::py::gc::GcPaused;
 use crate::py::read::numbers::{Kind, Numbers, Slice, Value};
 use crate::py::read::{exact_float, exact_int, type_name};
 use crate::py::step::{leave_to_cookbook as left, sequence as exact_items, unsupported};
+use crate::torch_sum::{torch_sum, LANES};
 
 /// `(Datum, ModelInput, EncodedTextChunk, TensorData, SampleResponse)`.
 pub type KlClasses<'py> = (
@@ -33,11 +34,32 @@ pub type KlClasses<'py> = (
 
 /// float32 values, copied out of the memory they were read from (no
 /// pointer into an array is kept while other user objects are read).
-struct F32s(Vec<f32>);
+struct F32s {
+    values: Vec<f32>,
+    /// The array's stride in bytes.
+    stride: isize,
+    /// Whether it is float32: `torch.from_numpy` makes a tensor of its
+    /// memory, as strided; of any other a conversion makes a new one.
+    float32: bool,
+}
 
 impl F32s {
+    fn new(values: Vec<f32>) -> F32s {
+        F32s {
+            values,
+            stride: 4,
+            float32: false,
+        }
+    }
+
     fn slice(&self) -> &[f32] {
-        &self.0
+        &self.values
+    }
+
+    /// Whether torch's float32 tensor of these values is contiguous (a
+    /// strided one is summed in another order).
+    fn contiguous(&self) -> bool {
+        !self.float32 || self.values.len() <= 1 || self.stride == 4
     }
 
     /// Elements `start..` of a buffer as float32, as torch's `.to(float32)`
@@ -46,12 +68,17 @@ impl F32s {
     fn of_buffer(numbers: &Numbers<'_>, start: usize, no_nan: bool) -> Option<F32s> {
         // SAFETY: only copies run while the view lives; no Python code.
         let view = unsafe { numbers.view() }?;
+        let (stride, float32) = (view.stride(), view.kind() == Kind::Float && view.width() == 4);
         if let Some(Slice::F32(values)) = view.slice() {
             let values = &values[start.min(values.len())..];
             if no_nan && values.iter().any(|v| v.is_nan()) {
                 return None;
             }
-            return Some(F32s(values.to_vec()));
+            return Some(F32s {
+                values: values.to_vec(),
+                stride,
+                float32,
+            });
         }
         let mut out = Vec::with_capacity(view.len().saturating_sub(start));
         view.for_each(|i, v| {
@@ -66,7 +93,11 @@ impl F32s {
             Ok(())
         })
         .ok()?;
-        Some(F32s(out))
+        Some(F32s {
+            values: out,
+            stride,
+            float32,
+        })
     }
 }
 
@@ -98,7 +129,14 @@ fn loss_input(
         Some(Ok(b)) if float || !matches!(b.kind(), Kind::Float) => b,
         _ => return Err(unsupported(format!("datum {i}: {key} is not a 1-D array of numbers"))),
     };
-    F32s::of_buffer(&numbers, 0, false).ok_or_else(|| unsupported(format!("datum {i}: {key} holds huge integers")))
+    let values =
+        F32s::of_buffer(&numbers, 0, false).ok_or_else(|| unsupported(format!("datum {i}: {key} holds huge integers")))?;
+    // `torch.from_numpy` refuses a negative stride; a repeated element
+    // (stride 0) is the cookbook's too.
+    if values.slice().len() > 1 && values.stride <= 0 {
+        return Err(unsupported(format!("datum {i}: {key} has stride {}", values.stride)));
+    }
+    Ok(values)
 }
 
 /// A scored sequence's logprobs from position 1 on, as `torch.tensor(
@@ -124,7 +162,7 @@ fn listed(logprobs: &Bound<'_, PyAny>, i: usize) -> PyResult<F32s> {
             }
         }
     }
-    Ok(F32s(out))
+    Ok(F32s::new(out))
 }
 
 /// What the cookbook's `torch.tensor(logprobs[1:])` reads of scoring
@@ -244,10 +282,36 @@ fn scalar(value: &Bound<'_, PyAny>, what: &str) -> PyResult<f32> {
     }
 }
 
+/// How torch sums a float32 tensor here: `lanes` floats per vector, and
+/// `torch(array, contiguous) -> float`, torch's own sum, for a tensor of
+/// `GRAIN_SIZE` elements or more (its split depends on torch's threads).
+struct Summing<'a, 'py> {
+    lanes: usize,
+    torch: &'a Bound<'py, PyAny>,
+}
+
+impl Summing<'_, '_> {
+    /// torch's `Tensor.sum()` of `values` (as a contiguous tensor, or as a
+    /// strided one).
+    fn sum(&self, values: &[f32], contiguous: bool) -> PyResult<f32> {
+        if let Some(sum) = torch_sum(values, self.lanes, contiguous) {
+            return Ok(sum);
+        }
+        let py = self.torch.py();
+        let array = PyArray1::from_slice(py, values);
+        let sum = self.torch.call1((array, contiguous))?;
+        // A float32 value as a Python float: exact.
+        exact_float(&sum)
+            .map(|v| v as f32)
+            .ok_or_else(|| unsupported(format!("torch's sum is a {}", type_name(&sum))))
+    }
+}
+
 /// The penalized advantages of every Datum (written back, each a new
-/// float32 `TensorData`); the float64 batch mean of the masked
-/// differences, and their sums and the mask sums per Datum. `teacher`: distillation's penalty, else
-/// `rl.metrics`'s. `gamma`: the discount, when `kl_discount_factor > 0`.
+/// float32 `TensorData`); the cookbook's float32 batch mean of the masked
+/// differences, and their float32 sums and the mask sums per Datum.
+/// `teacher`: distillation's penalty, else `rl.metrics`'s. `gamma`: the
+/// discount, when `kl_discount_factor > 0`.
 #[allow(clippy::too_many_arguments)]
 fn penalize(
     data: &Bound<'_, PyAny>,
@@ -258,8 +322,12 @@ fn penalize(
     gamma: Option<&Bound<'_, PyAny>>,
     classes: &KlClasses<'_>,
     direct_build: bool,
-) -> PyResult<(f64, Vec<f64>, Vec<f64>)> {
+    summing: &Summing<'_, '_>,
+) -> PyResult<(f32, Vec<f32>, Vec<f32>)> {
     let py = data.py();
+    if !LANES.contains(&summing.lanes) {
+        return Err(unsupported(format!("torch's sum with {} lanes is not reproduced", summing.lanes)));
+    }
     let coef = scalar(coef, "kl_penalty_coef")?;
     let gamma = gamma.map(|g| scalar(g, "kl_discount_factor")).transpose()?;
     let paused = GcPaused::new(py);
@@ -267,18 +335,27 @@ fn penalize(
     if read.is_empty() {
         return Err(unsupported("no Datums (the cookbook divides 0 by 0)".into()));
     }
+    // Per Datum: `((sampled - scored) * mask).sum()` (a new, contiguous
+    // tensor) and `mask.sum()`; then Python's `sum` of each, in order.
     let mut sums = DiffSums::default();
-    let own: Vec<DiffSums> = read
-        .iter()
-        .map(|r| sums.add(r.sampled.slice(), r.scored.slice(), r.mask.slice()))
-        .collect();
+    let (mut diff_sums, mut mask_sums) = (Vec::with_capacity(read.len()), Vec::with_capacity(read.len()));
+    let mut diffs = Vec::new();
+    for r in &read {
+        let (s, b, m) = (r.sampled.slice(), r.scored.slice(), r.mask.slice());
+        diffs.clear();
+        diffs.extend((0..m.len()).map(|k| masked_diff(s[k], b[k], m[k])));
+        let (diff, mask) = (summing.sum(&diffs, true)?, summing.sum(m, r.mask.contiguous())?);
+        sums.add(diff, mask);
+        diff_sums.push(diff);
+        mask_sums.push(mask);
+    }
     let penalty = if teacher {
         // `-kl_penalty_coef` in Python, then rounded: negation is exact.
         Penalty::Teacher { neg_coef: -coef }
     } else {
         Penalty::Base {
             coef,
-            avg: sums.mean() as f32,
+            avg: sums.mean(),
         }
     };
     let mut new = Vec::with_capacity(read.len());
@@ -313,15 +390,15 @@ fn penalize(
     for (dict, tensor) in inputs.iter().zip(tensors) {
         dict.bind(py).set_item(intern!(py, "advantages"), tensor)?;
     }
-    let (diffs, masks) = own.iter().map(|s| (s.diff, s.mask)).unzip();
-    Ok((sums.mean(), diffs, masks))
+    Ok((sums.mean(), diff_sums, mask_sums))
 }
 
 /// `incorporate_kl_penalty`'s pass after the scoring calls (see
-/// [`penalize`]). Unsupported input is left unwritten.
+/// [`penalize`]); `lanes` and `torch_sum` say how torch sums (see
+/// [`Summing`]). Unsupported input is left unwritten.
 #[pyfunction(name = "kl_penalty")]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (data, scored, responses, teacher, coef, gamma, classes, direct))]
+#[pyo3(signature = (data, scored, responses, teacher, coef, gamma, classes, direct, lanes, torch_sum))]
 pub fn py_kl_penalty<'py>(
     data: &Bound<'py, PyAny>,
     scored: &Bound<'py, PyAny>,
@@ -331,10 +408,28 @@ pub fn py_kl_penalty<'py>(
     gamma: Option<Bound<'py, PyAny>>,
     classes: KlClasses<'py>,
     direct: bool,
-) -> PyResult<(f64, Vec<f64>, Vec<f64>)> {
+    lanes: usize,
+    torch_sum: &Bound<'py, PyAny>,
+) -> PyResult<(f32, Vec<f32>, Vec<f32>)> {
     guarded(|| {
-        penalize(data, scored, responses, teacher, coef, gamma.as_ref(), &classes, direct)
+        let summing = Summing { lanes, torch: torch_sum };
+        penalize(data, scored, responses, teacher, coef, gamma.as_ref(), &classes, direct, &summing)
             .map_err(|e| left(data.py(), e))
+    })
+}
+
+/// torch's CPU `Tensor.sum()` of the float32 tensor of `x` (contiguous
+/// when `contiguous`, else strided) with `lanes` floats per vector; `None`
+/// for `GRAIN_SIZE` elements or more, or a width not reproduced.
+#[pyfunction(name = "torch_sum")]
+pub fn py_torch_sum(x: &Bound<'_, PyAny>, lanes: usize, contiguous: bool) -> PyResult<Option<f32>> {
+    guarded(|| {
+        let a = x
+            .cast::<PyArray1<f32>>()
+            .map_err(|_| unsupported(format!("x is a {}, not a 1-D float32 array", type_name(x))))?;
+        let x = a.readonly();
+        let x = x.as_slice().map_err(|_| unsupported("x is not contiguous".into()))?;
+        Ok(torch_sum(x, lanes, contiguous))
     })
 }
 

@@ -255,6 +255,16 @@ impl View<'_> {
         self.layout.kind
     }
 
+    /// Bytes per element.
+    pub fn width(&self) -> usize {
+        self.layout.width
+    }
+
+    /// Bytes from one element to the next.
+    pub fn stride(&self) -> isize {
+        self.layout.stride
+    }
+
     /// Value `i`, if `i < len`.
     pub fn get(&self, i: usize) -> Option<Value> {
         let mut value = None;
