@@ -226,6 +226,21 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
 
     train.do_train_step_and_get_sampling_client = train_step
 
+    # What tinker_rl_data left to the cookbook's own functions (logged once
+    # per reason at INFO).
+    import logging
+
+    left: list[str] = []
+
+    class Left(logging.Handler):
+        def emit(self, entry: logging.LogRecord) -> None:
+            if "left to tinker-cookbook" in entry.getMessage():
+                left.append(entry.getMessage())
+
+    left_handler = Left(logging.INFO)
+    logging.getLogger("tinker_rl_data").addHandler(left_handler)
+    logging.getLogger("tinker_rl_data").setLevel(logging.INFO)
+
     workload = LOOP_WORKLOADS[args.workload]
     with tempfile.TemporaryDirectory() as log_path, FakeTinker(seed=args.seed, record=record) as fake:
         config = train.Config(
@@ -281,7 +296,10 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
         "python": sys.version.split()[0],
         "collector": None if collector is None else vars(collector.stats),
         "coalesced": coalesced_counts(),
+        "installed": [] if variant == "stock" else [t for t, _ in tinker_rl_data.status().installed],
+        "left_to_cookbook": left,
     }
+    logging.getLogger("tinker_rl_data").removeHandler(left_handler)
     return out
 
 
@@ -410,7 +428,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kl-coef", type=float, default=0.0, help="kl_penalty_coef (> 0: KL against the base model)")
     p.add_argument("--kl-discount", type=float, default=0.0, help="kl_discount_factor")
-    p.add_argument("--install-kl", action="store_true", help="install(kl=True): the native KL passes too")
+    p.add_argument("--install-kl", action="store_true", default=True, help="install(kl=True), the default")
+    p.add_argument("--no-install-kl", dest="install_kl", action="store_false",
+                   help="install(kl=False): the KL passes left to the cookbook")
     p.add_argument(
         "--shared-prompt",
         action="store_true",
@@ -449,7 +469,7 @@ def main() -> None:
                     cmd += ["--steps", str(args.steps), "--seed", str(args.seed), "--record", str(record)]
                     cmd += ["--out", str(out), "--gc-config", args.gc_config]
                     cmd += ["--kl-coef", str(args.kl_coef), "--kl-discount", str(args.kl_discount)]
-                    cmd += ["--install-kl"] if args.install_kl else []
+                    cmd += [] if args.install_kl else ["--no-install-kl"]
                     cmd += ["--shared-prompt"] if args.shared_prompt else []
                     t0 = time.perf_counter()
                     env = {**os.environ, "TINKER_RL_DATA_HUGEPAGES": "0"} if v.endswith(NO_HUGE_PAGES) else None

@@ -41,7 +41,7 @@ from tinker_rl_data import cookbook as ours
 PRESENT = [
     p
     for p in _patch.REGISTRY
-    if p.option not in ("coalesce", "kl")  # opt-in
+    if p.option != "coalesce"  # opt-in
     and hasattr(importlib.import_module(p.module), p.name.split(".")[0])
     and _patch._release(_patch._version(p.package)) >= _patch._release(p.since)
 ]
@@ -401,11 +401,14 @@ def test_the_launcher_installs_then_runs_a_module_with_its_arguments(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"argv ['model_name=x', '--flag', '-m'] {len(PRESENT)}"
     assert "installed (" in done.stderr
+    # The KL pieces go in by default (counted above); --no-kl leaves them.
     script = tmp_path / "recipe_probe.py"
     done = subprocess.run(
-        [sys.executable, "-m", "tinker_rl_data.cookbook", "run", str(script), "a"], capture_output=True, text=True
+        [sys.executable, "-m", "tinker_rl_data.cookbook", "run", "--no-kl", str(script), "a"], capture_output=True, text=True
     )
-    assert done.returncode == 0 and done.stdout.strip() == f"argv ['a'] {len(PRESENT)}", done.stderr
+    without_kl = len([p for p in PRESENT if p.option != "kl"])
+    assert without_kl < len(PRESENT)
+    assert done.returncode == 0 and done.stdout.strip() == f"argv ['a'] {without_kl}", done.stderr
 
 
 def test_the_gc_pieces_go_in_by_default_and_gc_none_leaves_the_collector_alone(clean):

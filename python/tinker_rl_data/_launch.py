@@ -11,7 +11,7 @@ from __future__ import annotations
 import runpy
 import sys
 
-USAGE = """usage: python -m tinker_rl_data.cookbook run [--no-wire] [--no-gc] [--coalesce] [--kl] [--strict] (-m MODULE | SCRIPT) [ARGS ...]
+USAGE = """usage: python -m tinker_rl_data.cookbook run [--no-wire] [--no-gc] [--coalesce] [--no-kl] [--strict] (-m MODULE | SCRIPT) [ARGS ...]
 
 Installs tinker_rl_data into tinker-cookbook (tinker_rl_data.cookbook.install()),
 prints what it installed to stderr, then runs MODULE (as `python -m MODULE`) or
@@ -23,13 +23,14 @@ def main(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     args = argv[1:]
-    options: dict[str, bool | None] = {"wire": True, "gc": True, "coalesce": False, "kl": False, "strict": None}
-    while args and args[0] in ("--no-wire", "--no-gc", "--coalesce", "--kl", "--strict"):
+    options: dict[str, bool | None] = {"wire": True, "gc": True, "coalesce": False, "kl": True, "strict": None}
+    # --kl (the default now) is still taken.
+    while args and args[0] in ("--no-wire", "--no-gc", "--coalesce", "--kl", "--no-kl", "--strict"):
         flag = args.pop(0)
         if flag in ("--strict", "--coalesce", "--kl"):
             options[flag[2:]] = True
         else:
-            options[flag[5:]] = False if flag == "--no-wire" else None
+            options[flag[5:]] = None if flag == "--no-gc" else False
     if not args or (args[0] == "-m" and len(args) < 2):
         print(USAGE, file=sys.stderr)
         return 2
