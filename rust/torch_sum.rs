@@ -70,9 +70,10 @@ fn multi_row_sum<T: Acc, const N: usize>(load: impl Fn(usize, usize) -> T, size:
             i += 1;
         }
         for j in 1..LEVELS {
-            for k in 0..N {
-                acc[j][k] = acc[j][k].add(acc[j - 1][k]);
-                acc[j - 1][k] = T::ZERO;
+            let (lower, upper) = acc.split_at_mut(j);
+            for (up, low) in upper[0].iter_mut().zip(lower[j - 1].iter_mut()) {
+                *up = up.add(*low);
+                *low = T::ZERO;
             }
             if i & (level_mask << (j * level_power)) != 0 {
                 break;
@@ -85,12 +86,13 @@ fn multi_row_sum<T: Acc, const N: usize>(load: impl Fn(usize, usize) -> T, size:
         }
         i += 1;
     }
-    for j in 1..LEVELS {
-        for k in 0..N {
-            acc[0][k] = acc[0][k].add(acc[j][k]);
+    let (first, rest) = acc.split_at_mut(1);
+    for level in rest {
+        for (a, &b) in first[0].iter_mut().zip(level.iter()) {
+            *a = a.add(b);
         }
     }
-    acc[0]
+    first[0]
 }
 
 /// `row_sum`: the `size` elements `load(i)` as rows of 4 (`multi_row_sum`),
@@ -161,7 +163,7 @@ mod tests {
         let x = [1.0f32, 2.0f32.powi(-24), 2.0f32.powi(-24), 0.0, -1.0];
         let expected = ((0.0f32 + 1.0 + -1.0) + 2.0f32.powi(-24)) + 2.0f32.powi(-24);
         assert_eq!(torch_sum(&x, 8, true), Some(expected));
-        assert_eq!(torch_sum(&[1.0; GRAIN_SIZE], 8, true), None);
+        assert_eq!(torch_sum(&vec![1.0; GRAIN_SIZE], 8, true), None);
         assert_eq!(torch_sum(&[1.0], 5, true), None);
     }
 
@@ -175,7 +177,9 @@ mod tests {
     /// values (small integers: every order gives the same sum).
     #[test]
     fn exact_values_sum_exactly() {
-        for n in [0usize, 3, 7, 8, 15, 16, 17, 63, 64, 65, 255, 256, 257, 4095, 4096, 4097, 32767] {
+        for n in [
+            0usize, 3, 7, 8, 15, 16, 17, 63, 64, 65, 255, 256, 257, 4095, 4096, 4097, 32767,
+        ] {
             let x: Vec<f32> = (0..n).map(|i| (i % 7) as f32 - 3.0).collect();
             let exact: f32 = x.iter().map(|&v| f64::from(v)).sum::<f64>() as f32;
             for lanes in LANES {

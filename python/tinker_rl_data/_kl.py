@@ -301,9 +301,11 @@ def _summing() -> int | str:
     return _lanes
 
 
-def _same_floats(ours: list[float], theirs: list[float]) -> bool:
+def _same_floats(ours: list[float | None], theirs: list[float]) -> bool:
     import numpy as np
 
+    if any(v is None for v in ours):
+        return False
     return np.array(ours, np.float32).tobytes() == np.array(theirs, np.float32).tobytes()
 
 

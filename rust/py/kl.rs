@@ -129,8 +129,8 @@ fn loss_input(
         Some(Ok(b)) if float || !matches!(b.kind(), Kind::Float) => b,
         _ => return Err(unsupported(format!("datum {i}: {key} is not a 1-D array of numbers"))),
     };
-    let values =
-        F32s::of_buffer(&numbers, 0, false).ok_or_else(|| unsupported(format!("datum {i}: {key} holds huge integers")))?;
+    let values = F32s::of_buffer(&numbers, 0, false)
+        .ok_or_else(|| unsupported(format!("datum {i}: {key} holds huge integers")))?;
     // `torch.from_numpy` refuses a negative stride; a repeated element
     // (stride 0) is the cookbook's too.
     if values.slice().len() > 1 && values.stride <= 0 {
@@ -326,7 +326,10 @@ fn penalize(
 ) -> PyResult<(f32, Vec<f32>, Vec<f32>)> {
     let py = data.py();
     if !LANES.contains(&summing.lanes) {
-        return Err(unsupported(format!("torch's sum with {} lanes is not reproduced", summing.lanes)));
+        return Err(unsupported(format!(
+            "torch's sum with {} lanes is not reproduced",
+            summing.lanes
+        )));
     }
     let coef = scalar(coef, "kl_penalty_coef")?;
     let gamma = gamma.map(|g| scalar(g, "kl_discount_factor")).transpose()?;
@@ -353,10 +356,7 @@ fn penalize(
         // `-kl_penalty_coef` in Python, then rounded: negation is exact.
         Penalty::Teacher { neg_coef: -coef }
     } else {
-        Penalty::Base {
-            coef,
-            avg: sums.mean(),
-        }
+        Penalty::Base { coef, avg: sums.mean() }
     };
     let mut new = Vec::with_capacity(read.len());
     for r in &read {
@@ -412,9 +412,22 @@ pub fn py_kl_penalty<'py>(
     torch_sum: &Bound<'py, PyAny>,
 ) -> PyResult<(f32, Vec<f32>, Vec<f32>)> {
     guarded(|| {
-        let summing = Summing { lanes, torch: torch_sum };
-        penalize(data, scored, responses, teacher, coef, gamma.as_ref(), &classes, direct, &summing)
-            .map_err(|e| left(data.py(), e))
+        let summing = Summing {
+            lanes,
+            torch: torch_sum,
+        };
+        penalize(
+            data,
+            scored,
+            responses,
+            teacher,
+            coef,
+            gamma.as_ref(),
+            &classes,
+            direct,
+            &summing,
+        )
+        .map_err(|e| left(data.py(), e))
     })
 }
 
