@@ -3,9 +3,7 @@
 //! positions of every Datum (the cookbook's are float32 tensor means), and
 //! `rl.metric_util.compute_trajectory_metrics`'s per-group totals, read once
 //! and combined into one summary per tag (the cookbook reads every group
-//! again for each tag). Plain Rust: `py/step.rs` reads the Python objects.
-
-use std::collections::HashMap;
+//! again for each tag). Plain Rust: `py/step/` reads the Python objects.
 
 use crate::advantages::Sum;
 
@@ -232,11 +230,14 @@ impl GroupKind {
 }
 
 /// Per-key sums of metric values (tinker-cookbook's `dict_mean`), the keys
-/// (ids given by the caller) in the order they first appear.
+/// (small dense ids given by the caller: 0, 1, 2, ...) in the order they
+/// first appear.
 #[derive(Clone, Debug, Default)]
 pub struct KeyedSums {
     entries: Vec<KeyTotal>,
-    index: HashMap<usize, usize>,
+    /// By key: 1 + its entry's index, 0 for a key not seen (the ids are
+    /// small and dense: a lookup is an index, not a hash).
+    index: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -262,14 +263,21 @@ impl KeyedSums {
     }
 
     fn entry(&mut self, key: usize) -> &mut KeyTotal {
-        let i = *self.index.entry(key).or_insert_with(|| {
-            self.entries.push(KeyTotal {
-                key,
-                sum: Sum::default(),
-                count: 0,
-            });
-            self.entries.len() - 1
-        });
+        if key >= self.index.len() {
+            self.index.resize(key + 1, 0);
+        }
+        let i = match self.index[key] {
+            0 => {
+                self.entries.push(KeyTotal {
+                    key,
+                    sum: Sum::default(),
+                    count: 0,
+                });
+                self.index[key] = u32::try_from(self.entries.len()).expect("fewer than 2**32 metric keys");
+                self.entries.len() - 1
+            }
+            i => i as usize - 1,
+        };
         &mut self.entries[i]
     }
 

@@ -376,6 +376,95 @@ def test_trajectory_metrics_of_one_group_and_of_none():
         check_trajectory_metrics(batch, taglist, must_be_native=True)
 
 
+class MutatingScalar(np.float32):
+    """A numpy scalar whose float() empties the dict that holds it and
+    lies (np.mean never calls it)."""
+
+    calls = 0
+
+    def __float__(self):
+        MutatingScalar.calls += 1
+        self.host.clear()
+        return 99.0
+
+
+class SpoofedClass:
+    """Claims to be a numpy float32 through a ``__class__`` property that
+    rewrites the dict that holds it."""
+
+    calls = 0
+
+    @property
+    def __class__(self):
+        SpoofedClass.calls += 1
+        self.host.update(late=5.0, before=-7.0)
+        return np.float32
+
+
+def hostile_metric_groups(kind):
+    """One group whose second transition's metrics hold a hostile value
+    between plain ones (read in place, then the rest taken first)."""
+    metrics = {"before": 1.0, "x": None}
+    value = MutatingScalar(0.5) if kind == "float" else SpoofedClass()
+    value.host = metrics
+    metrics.update(hostile=value, after=np.float32(0.25), n=3)
+    group = groups_of([1.0, 0.0])
+    group.trajectories_G[0].transitions[0].metrics.update(before=2.0, n=1)
+    group.trajectories_G[1].transitions[0].metrics = metrics
+    return [group], [["math"]]
+
+
+@pytest.mark.parametrize("kind", ["float", "__class__"])
+def test_a_metric_value_that_would_rewrite_its_dict_is_left_to_the_cookbook_unread(kind):
+    hostile = MutatingScalar if kind == "float" else SpoofedClass
+    theirs = outcome(COOKBOOK["compute_trajectory_metrics"], *hostile_metric_groups(kind))
+    hostile.calls = 0
+    native = outcome(native_metrics, *hostile_metric_groups(kind))
+    assert native[0] == "raised" and isinstance(native[1], _core.Unsupported), native
+    assert hostile.calls == 0, "the native pass ran the value's own code"
+    mine = outcome(ours.compute_trajectory_metrics, *hostile_metric_groups(kind))
+    assert_same_outcome(theirs, mine, lambda a, b: assert_same_metrics(a, b, 16.0))
+
+
+def test_metrics_read_in_place_then_taken_first_match_the_cookbook():
+    # Exact numbers read as the dict is walked, numpy scalars (read by C
+    # code) after the rest was taken; the reader's buffer reused dict to dict.
+    group = groups_of([1.0, 0.0, 1.0])
+    for i, trajectory in enumerate(group.trajectories_G):
+        trajectory.transitions[0].metrics.update(
+            {"a": 1.0 + i, "b": np.float32(0.5 * i), "c": i, "d": None, "e": np.int64(i) if i else 2.5}
+        )
+    group.metrics_G[1].update(b=np.float64(4.0), f=True)
+    check_trajectory_metrics([group], [["math"]], must_be_native=True)
+
+
+def test_remove_mask_with_a_loss_input_that_rewrites_the_dict_while_checked_ends_like_the_cookbook():
+    def datum():
+        inputs = {}
+
+        class Spoofed:
+            @property
+            def __class__(self):
+                inputs.clear()
+                inputs["late"] = 1
+                return tinker.TensorData
+
+        inputs["target_tokens"] = tinker.TensorData.from_numpy(np.zeros(2, np.int64))
+        inputs["spoofed"] = Spoofed()
+        inputs["mask"] = tinker.TensorData.from_numpy(np.ones(2, np.float32))
+        d = tinker.Datum(model_input=tinker.ModelInput.from_ints([1, 2]), loss_fn_inputs={})
+        object.__setattr__(d, "loss_fn_inputs", inputs)
+        return d
+
+    def fields(d):
+        return [(k, type(v).__name__) for k, v in d.loss_fn_inputs.items()]
+
+    theirs = COOKBOOK["_remove_mask"](datum())
+    assert fields(ours.remove_mask(datum())) == fields(theirs) == [("target_tokens", "TensorData"), ("spoofed", "Spoofed")]
+    if _step._tinker_classes().datum is not None:
+        assert fields(_core.datum_without_mask(datum(), _step._tinker_classes().datum)) == fields(theirs)
+
+
 def groups_of(rewards_per_group):
     """Groups of one-transition trajectories with the given final rewards."""
     step = Transition(

@@ -301,13 +301,85 @@ pub type Pair<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>);
 /// change the mapping under the walk. An exact dict is walked in C.
 pub fn pairs<'py>(mapping: &Bound<'py, PyAny>, out: &mut Vec<Pair<'py>>) -> PyResult<()> {
     if let Ok(dict) = mapping.cast_exact::<PyDict>() {
-        out.extend(dict.iter()); // no Python code runs while a dict is walked
+        out.reserve(dict.len());
+        let mut pos = 0;
+        // No Python code runs while a dict is walked.
+        while let Some(pair) = next_pair(dict, &mut pos) {
+            out.push(pair);
+        }
         return Ok(());
     }
     for pair in mapping.call_method0(intern!(mapping.py(), "items"))?.try_iter()? {
         out.push(pair?.extract()?);
     }
     Ok(())
+}
+
+/// The pair of `dict` at or after `pos` (moved past it), held strongly.
+#[inline]
+fn next_pair<'py>(dict: &Bound<'py, PyDict>, pos: &mut ffi::Py_ssize_t) -> Option<Pair<'py>> {
+    let py = dict.py();
+    let (mut key, mut value) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: `dict` is held alive; PyDict_Next bounds `pos` by the dict's
+    // entries as they are now and hands out borrowed references, which are
+    // taken strongly here, before any Python code can run.
+    unsafe {
+        if ffi::PyDict_Next(dict.as_ptr(), pos, &raw mut key, &raw mut value) == 0 {
+            return None;
+        }
+        Some((Bound::from_borrowed_ptr(py, key), Bound::from_borrowed_ptr(py, value)))
+    }
+}
+
+/// Reads mappings' pairs as `mapping.items()` gives them, with one buffer
+/// reused from mapping to mapping (a reader per pass, not per mapping).
+#[derive(Default)]
+pub struct PairReader<'py> {
+    /// The pairs of the mapping being read not yet handed over.
+    rest: Vec<Pair<'py>>,
+}
+
+impl<'py> PairReader<'py> {
+    /// Hands every pair of `mapping` to `each`, in order, as if all had
+    /// been taken before the first was handed over: code that `each` runs
+    /// cannot change which pairs (or which values) it is handed.
+    ///
+    /// `quiet(key, value)` (which runs no Python code: a type check) says
+    /// that `each` runs none for that pair either. An exact dict's pairs are
+    /// handed over as the dict is walked while they are quiet, without a
+    /// copy (nothing can change the dict meanwhile); at its first other
+    /// pair, that pair and the rest are taken into the buffer first. Any
+    /// other mapping's `items()` is taken whole first.
+    pub fn for_each(
+        &mut self,
+        mapping: &Bound<'py, PyAny>,
+        quiet: impl Fn(&Bound<'py, PyAny>, &Bound<'py, PyAny>) -> bool,
+        mut each: impl FnMut(Bound<'py, PyAny>, Bound<'py, PyAny>) -> PyResult<()>,
+    ) -> PyResult<()> {
+        self.rest.clear();
+        if let Ok(dict) = mapping.cast_exact::<PyDict>() {
+            let mut pos = 0;
+            loop {
+                let Some((key, value)) = next_pair(dict, &mut pos) else {
+                    return Ok(());
+                };
+                if !quiet(&key, &value) {
+                    self.rest.push((key, value));
+                    while let Some(pair) = next_pair(dict, &mut pos) {
+                        self.rest.push(pair);
+                    }
+                    break;
+                }
+                each(key, value)?;
+            }
+        } else {
+            pairs(mapping, &mut self.rest)?;
+        }
+        for (key, value) in self.rest.drain(..) {
+            each(key, value)?;
+        }
+        Ok(())
+    }
 }
 
 /// Names an item of a field in messages: `prompt_tokens[5]`.

@@ -6,7 +6,7 @@ use pyo3::types::{PyDict, PyString, PyType};
 
 use super::{sequence, type_name, unsupported};
 use crate::py::build::direct::{dataclass, is_tracked, untrack_dict};
-use crate::py::read::pairs;
+use crate::py::read::PairReader;
 
 /// `(Datum, TensorData, PromptProvenanceSpan, SampledProvenanceSpan)`.
 pub type DatumClasses<'py> = (
@@ -48,10 +48,13 @@ pub fn datum_without_mask<'py>(datum: &Bound<'py, PyAny>, classes: &DatumClasses
     };
     let kept = PyDict::new(py);
     let mut untracked = true;
-    // Taken first: an isinstance check can run code that changes the dict.
-    let mut entries = Vec::with_capacity(inputs.len());
-    pairs(inputs.as_any(), &mut entries)?;
-    for (key, value) in entries {
+    // An isinstance check of another type than TensorData's own can run
+    // code that changes the dict: the reader takes the rest first. An exact
+    // TensorData under a str key runs none (str keys compare in C).
+    let quiet = |key: &Bound<'py, PyAny>, value: &Bound<'py, PyAny>| {
+        key.is_exact_instance_of::<PyString>() && value.get_type().is(tensor_data)
+    };
+    PairReader::default().for_each(inputs.as_any(), quiet, |key, value| {
         // __post_init__ keeps a TensorData as it is; it converts anything else.
         if !key.is_exact_instance_of::<PyString>() || !value.is_instance(tensor_data)? {
             return Err(unsupported("a loss input is not a str key to a TensorData".into()));
@@ -60,7 +63,8 @@ pub fn datum_without_mask<'py>(datum: &Bound<'py, PyAny>, classes: &DatumClasses
             untracked &= !is_tracked(&value);
             kept.set_item(key, value)?;
         }
-    }
+        Ok(())
+    })?;
     let paired = input_spans.is_none() == target_spans.is_none();
     if !(paired && checked_spans(&input_spans, classes)? && checked_spans(&target_spans, classes)?) {
         return Err(unsupported("provenance spans that Datum.__post_init__ rejects".into()));

@@ -1,14 +1,14 @@
 //! `rl.metric_util.compute_trajectory_metrics`: the groups read once,
 //! summed per tag and for all.
 
-use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString, PyTuple};
+use pyo3::types::{PyDict, PyFloat, PyString, PyTuple, PyType};
+use pyo3::{ffi, intern};
 
 use super::{number, sequence, sequence_of, type_name, unsupported, Counts, InputClasses};
 use crate::error::{Location, StepName};
 use crate::metrics::{summarize, GroupStats, KeyedSums, RewardSum, Summary};
-use crate::py::read::{pairs, Items};
+use crate::py::read::{Items, PairReader};
 
 /// Metric keys (exact strs) and the ids [`KeyedSums`] knows them by.
 struct MetricKeys<'py> {
@@ -41,15 +41,38 @@ pub struct Reading<'a, 'py> {
 }
 
 impl<'py> Reading<'_, 'py> {
-    /// A metric's value as `np.mean` takes it: a Python or numpy real.
+    /// A metric's value as `np.mean` takes it: a Python or numpy real,
+    /// read without running Python code (np.mean calls no `__float__`).
     fn metric_value(&self, value: &Bound<'py, PyAny>, at: Location) -> PyResult<f64> {
         if let Some(n) = number(value) {
             return Ok(n.value);
         }
-        if value.is_instance_of::<pyo3::types::PyFloat>() || value.is_instance(self.numpy_numbers.as_any())? {
+        // A float subclass is read by its stored value, numpy's own scalar
+        // types by their C conversion.
+        if value.is_instance_of::<PyFloat>() || self.numpy_scalar(value) {
             return value.extract();
         }
         Err(unsupported(format!("{at}: a metric value is a {}", type_name(value))))
+    }
+
+    /// Whether `value`'s type is one of numpy's own (static) scalar types
+    /// under `numpy_numbers`. Its real type is asked, not `isinstance`
+    /// (which reads a `__class__` property); a subclass made in Python may
+    /// have a `__float__` of its own, and is left to the cookbook.
+    fn numpy_scalar(&self, value: &Bound<'py, PyAny>) -> bool {
+        let held = value.get_type();
+        let ty = held.as_type_ptr();
+        // SAFETY: `held` holds the type alive; reading its flags runs no code.
+        if unsafe { ffi::PyType_HasFeature(ty, ffi::Py_TPFLAGS_HEAPTYPE) } != 0 {
+            return false;
+        }
+        self.numpy_numbers.iter().any(|cls| {
+            cls.cast::<PyType>().is_ok_and(|cls| {
+                // SAFETY: both types are held alive (`held`, the tuple);
+                // PyType_IsSubtype walks the MRO in C.
+                unsafe { ffi::PyType_IsSubtype(ty, cls.as_type_ptr()) != 0 }
+            })
+        })
     }
 
     /// One metrics dict's values, `None` skipped as `dict_mean` skips it.
@@ -58,6 +81,7 @@ impl<'py> Reading<'_, 'py> {
         metrics: &Bound<'py, PyAny>,
         sums: &mut KeyedSums,
         keys: &mut MetricKeys<'py>,
+        pairs: &mut PairReader<'py>,
         at: Location,
     ) -> PyResult<()> {
         let Ok(metrics) = metrics.cast_exact::<PyDict>() else {
@@ -66,19 +90,27 @@ impl<'py> Reading<'_, 'py> {
                 type_name(metrics)
             )));
         };
-        // Taken first: reading a value (a numpy scalar's float) runs code
-        // that could change the dict.
-        let mut entries = Vec::with_capacity(metrics.len());
-        pairs(metrics.as_any(), &mut entries)?;
-        for (key, value) in entries {
+        // Reading a value other than an exact number (a numpy scalar's
+        // float) can run code that changes the dict: the reader takes the
+        // rest of the pairs first. A str key is looked up in C.
+        let quiet = |key: &Bound<'py, PyAny>, value: &Bound<'py, PyAny>| {
+            key.is_exact_instance_of::<PyString>() && (value.is_none() || number(value).is_some())
+        };
+        pairs.for_each(metrics.as_any(), quiet, |key, value| {
             if !value.is_none() {
                 sums.add(keys.id(&key)?, self.metric_value(&value, at)?);
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
-    fn group(&self, group: &Bound<'py, PyAny>, g: usize, keys: &mut MetricKeys<'py>) -> PyResult<GroupStats> {
+    fn group(
+        &self,
+        group: &Bound<'py, PyAny>,
+        g: usize,
+        keys: &mut MetricKeys<'py>,
+        pairs: &mut PairReader<'py>,
+    ) -> PyResult<GroupStats> {
         let py = group.py();
         let trajectories = sequence_of(group, intern!(py, "trajectories_G"), "trajectories_G")?;
         let own_rewards = match self.own_total_rewards {
@@ -116,7 +148,7 @@ impl<'py> Reading<'_, 'py> {
                     }
                 }
                 let metrics = transition.getattr(intern!(py, "metrics"))?;
-                self.add_metrics(&metrics, &mut stats.transition_metrics, keys, at)?;
+                self.add_metrics(&metrics, &mut stats.transition_metrics, keys, pairs, at)?;
             }
             if let (true, Some(final_rewards)) = (totals_known, &final_rewards) {
                 match number(&final_rewards.get(t)?).and_then(|f| reward.total(f)) {
@@ -147,6 +179,7 @@ impl<'py> Reading<'_, 'py> {
                 &metrics.get(t)?,
                 &mut stats.trajectory_metrics,
                 keys,
+                pairs,
                 Location::trajectory(g, t),
             )?;
         }
@@ -225,8 +258,9 @@ pub fn trajectory_metrics<'py>(
         ids: PyDict::new(py),
         names: Vec::new(),
     };
+    let mut pairs = PairReader::default();
     let stats = (0..groups.len())
-        .map(|g| reading.group(&groups.get(g)?, g, &mut keys))
+        .map(|g| reading.group(&groups.get(g)?, g, &mut keys, &mut pairs))
         .collect::<PyResult<Vec<_>>>()?;
     let summary = |members: &[usize]| {
         summarize(&stats, members)
