@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import types
 import weakref
 
@@ -196,6 +197,9 @@ def garbage_left(collector: StepCollector) -> int:
 def test_guard_collects_early_when_rss_grows(monkeypatch):
     monkeypatch.setattr(_gc_step, "_RSS_CHECK_INTERVAL", 0.0)
     guarded = StepCollector(young=1_000, max_rss_growth=0, max_tracked=None)
+    # An RSS that grows at every reading: the process's real one need not
+    # while the cycles' memory comes from what earlier tests freed.
+    guarded._rss = itertools.count(0, 4096).__next__
     left_guarded = garbage_left(guarded)
     assert guarded.stats.guard_collections > 0
     unguarded = StepCollector(young=1_000, max_rss_growth=None, max_tracked=None)
@@ -234,3 +238,17 @@ def test_no_full_collection_inside_a_step():
     finally:
         gc.callbacks.remove(count)
         collector.loop_ended()
+
+
+def test_the_rss_reader_reads_this_process():
+    import resource
+
+    read = _gc_step._rss_reader()
+    assert read is not None
+    before = read()
+    block = bytearray(64 * 2**20)  # touched: resident
+    grown = read() - before
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert 0 < read() <= peak * 1.01
+    assert grown >= 32 * 2**20, grown
+    del block
