@@ -116,74 +116,39 @@ pub enum Penalty {
     Teacher { neg_coef: f32 },
 }
 
-/// One Datum's new advantages: `advantages + penalty`, the penalty
-/// discounted first when `gamma` is given (the cookbook discounts only for
-/// `kl_discount_factor > 0`). `out` gets the result. One pass (backwards
-/// when discounting): each term is computed where the recurrence takes it,
-/// with the same roundings as the cookbook's separate tensors.
-pub fn penalized_advantages(
-    advantages: &[f32],
-    sampled: &[f32],
-    scored: &[f32],
-    mask: &[f32],
-    penalty: Penalty,
-    gamma: Option<f32>,
-    out: &mut [f32],
-) {
-    let n = out.len();
-    assert!(advantages.len() == n && sampled.len() == n && scored.len() == n && mask.len() == n);
-    let term = |k: usize| {
-        let (m, diff) = (mask[k], masked_diff(sampled[k], scored[k], mask[k]));
-        match penalty {
-            Penalty::Base { coef, avg } => base_penalty(coef, m, avg, diff),
-            Penalty::Teacher { neg_coef } => teacher_penalty(neg_coef, m, diff),
-        }
+/// One Datum's new advantages, in place: `advantages += penalty`, the
+/// penalty discounted first when `gamma` is given (the cookbook discounts
+/// only for `kl_discount_factor > 0`). `diffs` are the masked differences
+/// ([`masked_diff`]). One pass (backwards when discounting): each term is
+/// computed where the recurrence takes it, with the same roundings as the
+/// cookbook's separate tensors.
+pub fn add_penalty(advantages: &mut [f32], diffs: &[f32], mask: &[f32], penalty: Penalty, gamma: Option<f32>) {
+    let n = advantages.len();
+    assert!(diffs.len() == n && mask.len() == n);
+    let term = |k: usize| match penalty {
+        Penalty::Base { coef, avg } => base_penalty(coef, mask[k], avg, diffs[k]),
+        Penalty::Teacher { neg_coef } => teacher_penalty(neg_coef, mask[k], diffs[k]),
     };
     match gamma {
         None => {
-            for k in 0..n {
-                out[k] = advantages[k] + term(k);
+            for (k, a) in advantages.iter_mut().enumerate() {
+                *a += term(k);
             }
         }
         Some(gamma) => {
             let mut running = 0.0f32;
             for k in (0..n).rev() {
                 running = term(k) + gamma * running;
-                out[k] = advantages[k] + running;
+                advantages[k] += running;
             }
         }
     }
 }
 
-/// `compute_post_kl`'s sums over positions whose mask is > 0: the float64
-/// sum of `prev - new` (a float32 difference) and of its square, and the
-/// count.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct PostKlSums {
-    pub diff: f64,
-    pub square: f64,
-    pub count: u64,
-}
-
-impl PostKlSums {
-    pub fn add(&mut self, prev: &[f32], new: &[f32], mask: &[f32]) {
-        debug_assert!(prev.len() == new.len() && new.len() == mask.len());
-        for ((&p, &q), &m) in prev.iter().zip(new).zip(mask) {
-            if m > 0.0 {
-                let d = f64::from(p - q);
-                self.diff += d;
-                self.square += d * d;
-                self.count += 1;
-            }
-        }
-    }
-
-    /// `(kl_pre_post_v1, kl_pre_post_v2)`: the mean and half the mean
-    /// square (NaN for no position, as torch's mean of an empty tensor).
-    pub fn metrics(&self) -> (f64, f64) {
-        let n = self.count as f64;
-        (self.diff / n, 0.5 * (self.square / n))
-    }
+/// `compute_post_kl`'s difference at a position: `prev - new`, float32.
+#[inline]
+pub fn post_diff(prev: f32, new: f32) -> f32 {
+    prev - new
 }
 
 #[cfg(test)]
@@ -226,31 +191,18 @@ mod tests {
     fn penalties_in_order() {
         let (adv, s, b, m) = ([1.0f32, 2.0], [-0.5f32, -1.0], [-0.25f32, -3.0], [1.0f32, 0.0]);
         let mut out = [0.0f32; 2];
-        penalized_advantages(&adv, &s, &b, &m, Penalty::Base { coef: 2.0, avg: 0.5 }, None, &mut out);
+        let diffs: Vec<f32> = (0..2).map(|k| masked_diff(s[k], b[k], m[k])).collect();
+        out.copy_from_slice(&adv);
+        add_penalty(&mut out, &diffs, &m, Penalty::Base { coef: 2.0, avg: 0.5 }, None);
         assert_eq!(out, [1.0 + 2.0 * (0.5 - (-0.25)), 2.0]);
-        penalized_advantages(
-            &adv,
-            &s,
-            &b,
-            &m,
-            Penalty::Teacher { neg_coef: -1.0 },
-            Some(0.5),
-            &mut out,
-        );
+        out.copy_from_slice(&adv);
+        add_penalty(&mut out, &diffs, &m, Penalty::Teacher { neg_coef: -1.0 }, Some(0.5));
         assert_eq!(out, [1.0 + 0.25, 2.0]);
         let mut sums = DiffSums::default();
         sums.add(-0.25, 1.0);
         sums.add(1.0, 3.0);
         assert_eq!(sums.mean(), 0.75 / 4.0);
         assert!(DiffSums::default().mean().is_nan());
-    }
-
-    #[test]
-    fn post_kl_counts_positive_masks() {
-        let mut sums = PostKlSums::default();
-        sums.add(&[-1.0, -2.0, -3.0], &[-1.5, -2.0, 0.0], &[1.0, 0.0, -1.0]);
-        assert_eq!(sums.metrics(), (0.5, 0.125));
-        assert!(PostKlSums::default().metrics().0.is_nan());
     }
 
     proptest! {
@@ -285,8 +237,9 @@ mod tests {
                 terms = reference_sum(&terms, g);
             }
             let expected: Vec<f32> = adv.iter().zip(&terms).map(|(a, t)| a + t).collect();
-            let mut out = vec![0.0f32; rows.len()];
-            penalized_advantages(&adv, &s, &b, &m, Penalty::Base { coef, avg }, gamma, &mut out);
+            let diffs: Vec<f32> = (0..rows.len()).map(|k| masked_diff(s[k], b[k], m[k])).collect();
+            let mut out = adv.clone();
+            add_penalty(&mut out, &diffs, &m, Penalty::Base { coef, avg }, gamma);
             prop_assert_eq!(bits(&out), bits(&expected));
         }
     }

@@ -27,9 +27,8 @@ the Datums' sums added in order as Python's ``sum`` does, then one float32
 division. So ``kl_policy_base``, ``teacher_kl`` and its per-dataset
 values are the cookbook's, and so are all advantages. Where the sum's
 order is not reproduced (another capability), the penalty passes are the
-cookbook's. ``compute_post_kl``'s means are summed in float64: they differ
-from the cookbook's float32 ones by at most ``(D + 24) * 2**-24 * S``
-(``D`` Datums, ``S`` the mean of ``|term|`` over the positions).
+cookbook's. ``compute_post_kl``'s means are torch's own ``mean()`` of the
+differences made here, so they are the cookbook's too.
 
 Inputs the native pass does not take exactly (other classes than tinker's,
 sparse or int64 logprobs, scored logprobs that torch would broadcast or
@@ -38,8 +37,8 @@ function: after the scoring calls, with a client that replays the responses
 already received, so no request is sent twice. Each reason is logged once
 at INFO on the ``tinker_rl_data`` logger.
 
-This module only provides the functions and their probes (:data:`SITES`);
-the patch layer puts them into the cookbook's modules.
+This module only provides the functions and their probes; the patch
+layer's registry (``_patch.REGISTRY``) puts them into the cookbook's modules.
 """
 
 from __future__ import annotations
@@ -58,7 +57,6 @@ from typing import Any, AsyncIterator, Callable, Iterable, NamedTuple
 from . import _core
 
 __all__ = [
-    "SITES",
     "compute_post_kl",
     "discounted_future_sum_vectorized",
     "distillation_incorporate_kl_penalty",
@@ -366,12 +364,24 @@ async def incorporate_kl_penalty(
     return {"kl_policy_base": result[0]}, usage
 
 
+def _post_means(flat: Any) -> tuple[float, float]:
+    """The cookbook's two means of the flat differences, by torch itself
+    (a contiguous float32 tensor of the same values as its ``torch.cat``,
+    so the same sums, threads and all)."""
+    import torch
+
+    diffs = torch.from_numpy(flat)
+    return diffs.mean().item(), 0.5 * (diffs**2).mean().item()
+
+
 @_native
 async def compute_post_kl(data_D: list[Any], post_sampling_client: Any) -> tuple[dict[str, float], Any]:
     """tinker_cookbook's ``rl.metrics.compute_post_kl``: over the positions
     whose mask is > 0, the mean of the Datums' logprobs minus those scored
     under ``post_sampling_client`` (``kl_pre_post_v1``) and half the mean of
-    its square (``kl_pre_post_v2``), summed in float64, with the usage."""
+    its square (``kl_pre_post_v2``), with the usage. The differences are
+    made here (float32, as the cookbook's tensors) and averaged by torch, so
+    both are the cookbook's, bit for bit."""
     name = "compute_post_kl"
     sequences, why = _sequences(data_D)
     if sequences is None:
@@ -381,7 +391,7 @@ async def compute_post_kl(data_D: list[Any], post_sampling_client: Any) -> tuple
         reason: Exception | str | None = _float32_default()
         if reason is None:
             try:
-                v1, v2 = _core.post_kl(data_D, responses, _tinker_parts().classes)
+                v1, v2 = _post_means(_core.post_kl_diffs(data_D, responses, _tinker_parts().classes))
             except _core.Unsupported as unsupported:
                 reason = unsupported
     if reason is not None:
@@ -554,15 +564,6 @@ def _same(ours: dict[str, float], theirs: dict[str, float], what: str) -> None:
             raise AssertionError(f"{what}: {key} {ours[key]!r} != {value!r}")
 
 
-def _close(ours: dict[str, float], theirs: dict[str, float], what: str) -> None:
-    if list(ours) != list(theirs):
-        raise AssertionError(f"{what}: keys {list(ours)} != {list(theirs)}")
-    for key, value in theirs.items():
-        same = (math.isnan(value) and math.isnan(ours[key])) or abs(ours[key] - value) <= 1e-5 * max(1.0, abs(value))
-        if not same:
-            raise AssertionError(f"{what}: {key} {ours[key]!r} != {value!r}")
-
-
 def _check_penalty(original: Callable[..., Any], ours: Callable[..., Any], args: Callable[[list[Any]], tuple[Any, ...]]) -> None:
     base = _probe_data()
     theirs_data, ours_data = copy.deepcopy(base), copy.deepcopy(base)
@@ -604,7 +605,7 @@ def probe_distillation_incorporate_kl_penalty(original: Callable[..., Any], ours
 def probe_compute_post_kl(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
     data = _probe_data()
     theirs, mine = _run(original(data, _ProbeClient())), _run(ours(data, _ProbeClient()))
-    _close(mine[0], theirs[0], "metrics")
+    _same(mine[0], theirs[0], "metrics")
     if mine[1] != theirs[1]:
         raise AssertionError(f"usage {mine[1]} != {theirs[1]}")
 
@@ -638,34 +639,20 @@ def probe_discounted_future_sum_vectorized(original: Callable[..., Any], ours: C
             raise AssertionError(f"differs for gamma={gamma}")
 
 
-class Site(NamedTuple):
-    module: str
-    name: str
-    ours: Callable[..., Any]
-    probe: Callable[[Callable[..., Any], Callable[..., Any]], None]
-    #: Every cookbook module that holds the function under this name.
-    sites: tuple[str, ...]
-
-
-#: What this module replaces, where: the function's home, ours, its probe,
-#: and every module importing it.
-SITES: tuple[Site, ...] = (
-    Site(_METRICS, "incorporate_kl_penalty", incorporate_kl_penalty, probe_incorporate_kl_penalty,
-         (_METRICS, "tinker_cookbook.rl.train")),
-    Site(_METRICS, "compute_post_kl", compute_post_kl, probe_compute_post_kl, (_METRICS, "tinker_cookbook.rl.train")),
-    Site(_METRICS, "score_sequences", score_sequences, probe_score_sequences, (_METRICS,)),
-    Site(_METRICS, "_full_sequence_inputs", full_sequence_inputs, probe_full_sequence_inputs, (_METRICS,)),
-    Site(_METRICS, "discounted_future_sum_vectorized", discounted_future_sum_vectorized,
-         probe_discounted_future_sum_vectorized, (_METRICS, _DISTILLATION)),
-    Site(_DISTILLATION, "incorporate_kl_penalty", distillation_incorporate_kl_penalty,
-         probe_distillation_incorporate_kl_penalty, (_DISTILLATION,)),
-)
+#: Ours, by the cookbook function's home module and name. Which modules
+#: hold each, its probe and its option are the patch layer's registry
+#: (``_patch.REGISTRY``, option ``kl``).
+_OURS: dict[tuple[str, str], Callable[..., Any]] = {
+    (_METRICS, "incorporate_kl_penalty"): incorporate_kl_penalty,
+    (_METRICS, "compute_post_kl"): compute_post_kl,
+    (_METRICS, "score_sequences"): score_sequences,
+    (_METRICS, "_full_sequence_inputs"): full_sequence_inputs,
+    (_METRICS, "discounted_future_sum_vectorized"): discounted_future_sum_vectorized,
+    (_DISTILLATION, "incorporate_kl_penalty"): distillation_incorporate_kl_penalty,
+}
 
 
 def ours_for(original: Callable[..., Any]) -> Callable[..., Any]:
     """The patch layer's ``make``: our replacement of the cookbook's
     ``original``, found by the module and name it is defined under."""
-    for site in SITES:
-        if (site.module, site.name) == (original.__module__, original.__name__):
-            return site.ours
-    raise KeyError(f"{original.__module__}.{original.__name__}")
+    return _OURS[(original.__module__, original.__name__)]

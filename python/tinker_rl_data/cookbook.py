@@ -406,9 +406,9 @@ def install(
     the cookbook's (the batch means are torch's float32 sums, reproduced
     for the CPU capability torch runs at; their probe checks that on this
     machine, and where it fails these pieces are the cookbook's).
-    ``compute_post_kl``'s logged means are summed in float64 (within
-    float32 rounding of the cookbook's). ``kl=False`` leaves them all to
-    the cookbook.
+    ``compute_post_kl``'s means are torch's own ``mean()`` of the
+    differences made natively, so the cookbook's too. ``kl=False`` leaves
+    them all to the cookbook.
 
     ``coalesce=True`` (opt-in) merges concurrent ``SamplingClient.sample``
     calls on one client with an identical prompt and sampling parameters,

@@ -48,7 +48,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(crate::py::sample_json::py_encode_sample_request, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::sample_json::py_sample_prompt_key, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::kl::py_kl_penalty, m)?)?;
-    m.add_function(wrap_pyfunction!(crate::py::kl::py_post_kl, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::py::kl::py_post_kl_diffs, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::kl::py_full_sequence_inputs, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::kl::py_discounted_future_sum, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::kl::py_torch_sum, m)?)?;

@@ -14,8 +14,10 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyType};
 
-use crate::kl::{discounted_future_sum, masked_diff, penalized_advantages, DiffSums, Penalty, PostKlSums};
-use crate::py::build::direct;
+use std::borrow::Cow;
+
+use crate::kl::{add_penalty, discounted_future_sum, masked_diff, post_diff, DiffSums, Penalty};
+use crate::py::build::{direct, Column, Unwritten};
 use crate::py::errors::guarded;
 use crate::py::gc::GcPaused;
 use crate::py::read::numbers::{Kind, Numbers, Slice, Value};
@@ -32,52 +34,87 @@ pub type KlClasses<'py> = (
     Bound<'py, PyType>,
 );
 
-/// float32 values, copied out of the memory they were read from (no
-/// pointer into an array is kept while other user objects are read).
-struct F32s {
-    values: Vec<f32>,
-    /// The array's stride in bytes.
-    stride: isize,
-    /// Whether it is float32: `torch.from_numpy` makes a tensor of its
-    /// memory, as strided; of any other a conversion makes a new one.
-    float32: bool,
+/// One float input of a Datum (a loss input, or its scored logprobs), held
+/// from when it is found until it is read: an array is looked at only in
+/// [`Held::read`], while no Python code runs (so it is read once, and no
+/// pointer into it outlives the read); a list's floats are copied when
+/// found.
+enum Held<'py> {
+    Array { numbers: Numbers<'py>, role: Role },
+    Copied(Vec<f32>),
 }
 
-impl F32s {
-    fn new(values: Vec<f32>) -> F32s {
-        F32s {
-            values,
-            stride: 4,
-            float32: false,
+#[derive(Clone, Copy)]
+enum Role {
+    /// A loss input; `floats`: its `TensorData` says float32 (an int64 one
+    /// holds no floats).
+    Loss { floats: bool },
+    /// A response's `prompt_logprobs_np`: from position 1 on, a NaN being
+    /// tinker's `None` (which torch refuses).
+    Scored,
+}
+
+/// Values as torch's float32 tensor of them holds them (`.to(float32)`
+/// rounding), and whether that tensor is contiguous (a strided one is
+/// summed in another order).
+struct Values<'a> {
+    values: Cow<'a, [f32]>,
+    contiguous: bool,
+}
+
+impl Held<'_> {
+    /// How many values it holds (as found; [`Held::read`] checks it again).
+    fn len(&self) -> usize {
+        match self {
+            Held::Array { numbers, role } => {
+                let start = usize::from(matches!(role, Role::Scored) && numbers.len() > 0);
+                numbers.len() - start
+            }
+            Held::Copied(values) => values.len(),
         }
     }
 
-    fn slice(&self) -> &[f32] {
-        &self.values
-    }
-
-    /// Whether torch's float32 tensor of these values is contiguous (a
-    /// strided one is summed in another order).
-    fn contiguous(&self) -> bool {
-        !self.float32 || self.values.len() <= 1 || self.stride == 4
-    }
-
-    /// Elements `start..` of a buffer as float32, as torch's `.to(float32)`
-    /// rounds them; `None` at a NaN when `no_nan` (tinker's `None`), at an
-    /// unsigned value above `i64::MAX`, or if user code changed the array.
-    fn of_buffer(numbers: &Numbers<'_>, start: usize, no_nan: bool) -> Option<F32s> {
-        // SAFETY: only copies run while the view lives; no Python code.
-        let view = unsafe { numbers.view() }?;
-        let (stride, float32) = (view.stride(), view.kind() == Kind::Float && view.width() == 4);
+    /// Its values, or why they are the cookbook's to read.
+    ///
+    /// # Safety
+    /// No Python code runs while the result lives (an array's memory is
+    /// borrowed, and Python code could resize or free it).
+    unsafe fn read(&self) -> Result<Values<'_>, &'static str> {
+        let (numbers, role) = match self {
+            Held::Copied(values) => {
+                return Ok(Values {
+                    values: Cow::Borrowed(values),
+                    contiguous: true,
+                })
+            }
+            Held::Array { numbers, role } => (numbers, *role),
+        };
+        // SAFETY: the caller's promise.
+        let view = unsafe { numbers.view() }.ok_or("an array changed while it was read")?;
+        let (start, no_nan) = match role {
+            Role::Scored => (usize::from(view.len() > 0), true),
+            Role::Loss { floats } => {
+                if !floats && view.kind() == Kind::Float {
+                    return Err("an int64 TensorData holds floats");
+                }
+                // `torch.from_numpy` refuses a negative stride; a repeated
+                // element (stride 0) is the cookbook's too.
+                if view.len() > 1 && view.stride() <= 0 {
+                    return Err("a loss input has a stride torch refuses or repeats");
+                }
+                (0, false)
+            }
+        };
+        let float32 = view.kind() == Kind::Float && view.width() == 4;
+        let contiguous = !float32 || view.len() <= 1 || view.stride() == 4;
         if let Some(Slice::F32(values)) = view.slice() {
             let values = &values[start.min(values.len())..];
             if no_nan && values.iter().any(|v| v.is_nan()) {
-                return None;
+                return Err("a scored position has no logprob");
             }
-            return Some(F32s {
-                values: values.to_vec(),
-                stride,
-                float32,
+            return Ok(Values {
+                values: Cow::Borrowed(values),
+                contiguous,
             });
         }
         let mut out = Vec::with_capacity(view.len().saturating_sub(start));
@@ -85,33 +122,32 @@ impl F32s {
             let v = match v {
                 Value::Int(v) => v as f32,
                 Value::Float(v) if !(no_nan && v.is_nan()) => v as f32,
-                _ => return Err(()),
+                Value::Float(_) => return Err("a scored position has no logprob"),
+                Value::Huge(_) => return Err("a tensor holds integers above 2**63"),
             };
             if i >= start {
                 out.push(v);
             }
             Ok(())
-        })
-        .ok()?;
-        Some(F32s {
-            values: out,
-            stride,
-            float32,
+        })?;
+        Ok(Values {
+            values: Cow::Owned(out),
+            contiguous,
         })
     }
 }
 
-/// A loss input of datum `i` as float32 (`to_torch()`, then `.float()` or
-/// the float32 promotion the cookbook's arithmetic does). `float_only`:
-/// only a float32 `TensorData` (an int64 one would change the dtype of the
-/// cookbook's arithmetic).
-fn loss_input(
-    inputs: &Bound<'_, PyDict>,
-    key: &Bound<'_, PyString>,
-    tensor_data: &Bound<'_, PyType>,
+/// A loss input of datum `i` (`to_torch()`, then `.float()` or the float32
+/// promotion the cookbook's arithmetic does). `float_only`: only a float32
+/// `TensorData` (an int64 one would change the dtype of the cookbook's
+/// arithmetic).
+fn loss_input<'py>(
+    inputs: &Bound<'py, PyDict>,
+    key: &Bound<'py, PyString>,
+    tensor_data: &Bound<'py, PyType>,
     float_only: bool,
     i: usize,
-) -> PyResult<F32s> {
+) -> PyResult<Held<'py>> {
     let py = inputs.py();
     let tensor = inputs
         .get_item(key)?
@@ -120,29 +156,24 @@ fn loss_input(
         return Err(unsupported(format!("datum {i}: {key} is not a dense TensorData")));
     }
     let dtype = tensor.getattr(intern!(py, "dtype"))?;
-    let float = dtype.eq(intern!(py, "float32"))?;
-    if !(float || (!float_only && dtype.eq(intern!(py, "int64"))?)) {
+    let floats = dtype.eq(intern!(py, "float32"))?;
+    if !(floats || (!float_only && dtype.eq(intern!(py, "int64"))?)) {
         return Err(unsupported(format!("datum {i}: {key} has dtype {dtype}")));
     }
     let array = tensor.getattr(intern!(py, "_numpy"))?;
-    let numbers = match Numbers::of(&array)? {
-        Some(Ok(b)) if float || !matches!(b.kind(), Kind::Float) => b,
-        _ => return Err(unsupported(format!("datum {i}: {key} is not a 1-D array of numbers"))),
-    };
-    let values = F32s::of_buffer(&numbers, 0, false)
-        .ok_or_else(|| unsupported(format!("datum {i}: {key} holds huge integers")))?;
-    // `torch.from_numpy` refuses a negative stride; a repeated element
-    // (stride 0) is the cookbook's too.
-    if values.slice().len() > 1 && values.stride <= 0 {
-        return Err(unsupported(format!("datum {i}: {key} has stride {}", values.stride)));
+    match Numbers::of(&array)? {
+        Some(Ok(numbers)) if floats || !matches!(numbers.kind(), Kind::Float) => Ok(Held::Array {
+            numbers,
+            role: Role::Loss { floats },
+        }),
+        _ => Err(unsupported(format!("datum {i}: {key} is not a 1-D array of numbers"))),
     }
-    Ok(values)
 }
 
 /// A scored sequence's logprobs from position 1 on, as `torch.tensor(
 /// logprobs[1:])` makes them a float32 tensor: of a list or tuple, exact
 /// floats (and ints within 2**53, which it makes the same float32 values).
-fn listed(logprobs: &Bound<'_, PyAny>, i: usize) -> PyResult<F32s> {
+fn listed<'py>(logprobs: &Bound<'py, PyAny>, i: usize) -> PyResult<Held<'py>> {
     let items = exact_items(logprobs, "prompt logprobs")?;
     let mut out = Vec::with_capacity(items.len().saturating_sub(1));
     for k in 1..items.len() {
@@ -162,7 +193,7 @@ fn listed(logprobs: &Bound<'_, PyAny>, i: usize) -> PyResult<F32s> {
             }
         }
     }
-    Ok(F32s::new(out))
+    Ok(Held::Copied(out))
 }
 
 /// What the cookbook's `torch.tensor(logprobs[1:])` reads of scoring
@@ -170,12 +201,12 @@ fn listed(logprobs: &Bound<'_, PyAny>, i: usize) -> PyResult<F32s> {
 /// `prompt_logprobs` without making the list: the list when one was made
 /// or given, else the float32 array (a NaN there is a `None` in the list,
 /// which torch refuses).
-fn scored_logprobs(
-    item: &Bound<'_, PyAny>,
+fn scored_logprobs<'py>(
+    item: &Bound<'py, PyAny>,
     responses: bool,
-    response_class: &Bound<'_, PyType>,
+    response_class: &Bound<'py, PyType>,
     i: usize,
-) -> PyResult<F32s> {
+) -> PyResult<Held<'py>> {
     let py = item.py();
     if !responses {
         return listed(item, i);
@@ -193,33 +224,71 @@ fn scored_logprobs(
     }
     let array = item.getattr(intern!(py, "prompt_logprobs_np"))?;
     match Numbers::of(&array)? {
-        Some(Ok(numbers)) => {
-            let start = usize::from(numbers.len() > 0);
-            F32s::of_buffer(&numbers, start, true)
-                .ok_or_else(|| unsupported(format!("datum {i}: a scored position has no logprob")))
-        }
+        Some(Ok(numbers)) => Ok(Held::Array {
+            numbers,
+            role: Role::Scored,
+        }),
         _ => Err(unsupported(format!("datum {i}: the response has no prompt logprobs"))),
     }
 }
 
-/// One Datum's tensors, read.
-struct Read {
-    inputs: Option<Py<PyDict>>,
-    sampled: F32s,
-    mask: F32s,
-    advantages: Option<F32s>,
-    scored: F32s,
+/// One Datum's inputs, found (not yet read).
+struct Found<'py> {
+    inputs: Bound<'py, PyDict>,
+    sampled: Held<'py>,
+    mask: Held<'py>,
+    advantages: Option<Held<'py>>,
+    scored: Held<'py>,
+    /// Positions.
+    n: usize,
 }
 
-/// Reads every Datum's `logprobs`, `mask` (and `advantages` when
-/// `advantages`) with scoring result `i`; lengths must agree.
-fn read_all(
-    data: &Bound<'_, PyAny>,
-    scored: &Bound<'_, PyAny>,
+/// One Datum's values, read.
+struct Read<'a> {
+    sampled: Values<'a>,
+    mask: Values<'a>,
+    advantages: Option<Values<'a>>,
+    scored: Values<'a>,
+}
+
+impl Found<'_> {
+    /// Its values, all of `n` positions.
+    ///
+    /// # Safety
+    /// No Python code runs while the result lives (see [`Held::read`]).
+    unsafe fn read(&self, i: usize) -> PyResult<Read<'_>> {
+        let why = |e: &str| unsupported(format!("datum {i}: {e}"));
+        // SAFETY: the caller's promise, for all four.
+        let read = unsafe {
+            Read {
+                sampled: self.sampled.read().map_err(why)?,
+                mask: self.mask.read().map_err(why)?,
+                advantages: self.advantages.as_ref().map(|a| a.read()).transpose().map_err(why)?,
+                scored: self.scored.read().map_err(why)?,
+            }
+        };
+        let n = self.n;
+        let same = read.sampled.values.len() == n
+            && read.mask.values.len() == n
+            && read.scored.values.len() == n
+            && read.advantages.as_ref().is_none_or(|a| a.values.len() == n);
+        if !same {
+            return Err(why("an array changed while it was read"));
+        }
+        Ok(read)
+    }
+}
+
+/// Finds every Datum's `logprobs`, `mask` (and `advantages` when
+/// `advantages`) with scoring result `i`; lengths must agree. Nothing is
+/// read yet: see [`Found::read`].
+fn find_all<'py>(
+    data: &Bound<'py, PyAny>,
+    scored: &Bound<'py, PyAny>,
     responses: bool,
     advantages: bool,
-    classes: &KlClasses<'_>,
-) -> PyResult<Vec<Read>> {
+    classes: &KlClasses<'py>,
+) -> PyResult<Vec<Found<'py>>> {
     let py = data.py();
     let (datum_class, _, _, tensor_data, response_class) = classes;
     let data = exact_items(data, "data_D")?;
@@ -240,28 +309,30 @@ fn read_all(
         let inputs = datum.getattr(intern!(py, "loss_fn_inputs"))?;
         let inputs = inputs
             .cast_exact::<PyDict>()
-            .map_err(|_| unsupported(format!("datum {i}: loss_fn_inputs is not a dict")))?;
-        let read = Read {
-            sampled: loss_input(inputs, intern!(py, "logprobs"), tensor_data, true, i)?,
-            mask: loss_input(inputs, intern!(py, "mask"), tensor_data, false, i)?,
-            advantages: if advantages {
-                Some(loss_input(inputs, intern!(py, "advantages"), tensor_data, false, i)?)
-            } else {
-                None
-            },
-            scored: scored_logprobs(&scored.get(i)?, responses, response_class, i)?,
-            inputs: advantages.then(|| inputs.clone().unbind()),
+            .map_err(|_| unsupported(format!("datum {i}: loss_fn_inputs is not a dict")))?
+            .clone();
+        let sampled = loss_input(&inputs, intern!(py, "logprobs"), tensor_data, true, i)?;
+        let mask = loss_input(&inputs, intern!(py, "mask"), tensor_data, false, i)?;
+        let advantages = if advantages {
+            Some(loss_input(&inputs, intern!(py, "advantages"), tensor_data, false, i)?)
+        } else {
+            None
         };
-        let n = read.mask.slice().len();
-        let same = read.sampled.slice().len() == n
-            && read.scored.slice().len() == n
-            && read.advantages.as_ref().is_none_or(|a| a.slice().len() == n);
-        if !same {
+        let scored = scored_logprobs(&scored.get(i)?, responses, response_class, i)?;
+        let n = mask.len();
+        if sampled.len() != n || scored.len() != n || advantages.as_ref().is_some_and(|a| a.len() != n) {
             return Err(unsupported(format!(
                 "datum {i}: lengths differ (torch would broadcast or raise)"
             )));
         }
-        out.push(read);
+        out.push(Found {
+            inputs,
+            sampled,
+            mask,
+            advantages,
+            scored,
+            n,
+        });
     }
     Ok(out)
 }
@@ -312,6 +383,11 @@ impl Summing<'_, '_> {
 /// differences, and their float32 sums and the mask sums per Datum.
 /// `teacher`: distillation's penalty, else `rl.metrics`'s. `gamma`: the
 /// discount, when `kl_discount_factor > 0`.
+///
+/// Each Datum's four inputs are read once, in one pass where no Python
+/// code runs: its advantages into its new array, its masked differences
+/// and its mask into one scratch buffer for the whole batch (the penalty
+/// needs the batch mean of all Datums before it can be added).
 #[allow(clippy::too_many_arguments)]
 fn penalize(
     data: &Bound<'_, PyAny>,
@@ -334,23 +410,43 @@ fn penalize(
     let coef = scalar(coef, "kl_penalty_coef")?;
     let gamma = gamma.map(|g| scalar(g, "kl_discount_factor")).transpose()?;
     let paused = GcPaused::new(py);
-    let read = read_all(data, scored, responses, true, classes)?;
-    if read.is_empty() {
+    let found = find_all(data, scored, responses, true, classes)?;
+    if found.is_empty() {
         return Err(unsupported("no Datums (the cookbook divides 0 by 0)".into()));
     }
+    let mut columns: Vec<Unwritten<'_, f32>> = found.iter().map(|f| Unwritten::new(py, f.n)).collect();
+    // Per Datum: `(sampled - scored) * mask` then `mask`, back to back.
+    let mut scratch: Vec<f32> = Vec::with_capacity(2 * found.iter().map(|f| f.n).sum::<usize>());
+    let mut contiguous_masks = Vec::with_capacity(found.len());
+    for (i, (f, column)) in found.iter().zip(&mut columns).enumerate() {
+        // SAFETY: no Python code runs until `read` is dropped at the end of
+        // this iteration: only Rust arithmetic and copies into memory this
+        // code owns.
+        let read = unsafe { f.read(i) }?;
+        let (s, b, m) = (&read.sampled.values, &read.scored.values, &read.mask.values);
+        scratch.extend((0..f.n).map(|k| masked_diff(s[k], b[k], m[k])));
+        scratch.extend_from_slice(m);
+        contiguous_masks.push(read.mask.contiguous);
+        let advantages = read.advantages.as_ref().expect("found with advantages");
+        for (slot, &a) in column.slots().iter_mut().zip(advantages.values.iter()) {
+            slot.write(a);
+        }
+    }
+    // SAFETY: each column's `n` elements were written just above.
+    let mut columns: Vec<Column<'_, f32>> = columns.into_iter().map(|c| unsafe { c.assume_written() }).collect();
+    let split = |offset: usize, n: usize| scratch[offset..offset + 2 * n].split_at(n);
     // Per Datum: `((sampled - scored) * mask).sum()` (a new, contiguous
     // tensor) and `mask.sum()`; then Python's `sum` of each, in order.
     let mut sums = DiffSums::default();
-    let (mut diff_sums, mut mask_sums) = (Vec::with_capacity(read.len()), Vec::with_capacity(read.len()));
-    let mut diffs = Vec::new();
-    for r in &read {
-        let (s, b, m) = (r.sampled.slice(), r.scored.slice(), r.mask.slice());
-        diffs.clear();
-        diffs.extend((0..m.len()).map(|k| masked_diff(s[k], b[k], m[k])));
-        let (diff, mask) = (summing.sum(&diffs, true)?, summing.sum(m, r.mask.contiguous())?);
+    let (mut diff_sums, mut mask_sums) = (Vec::with_capacity(found.len()), Vec::with_capacity(found.len()));
+    let mut offset = 0;
+    for (f, &contiguous) in found.iter().zip(&contiguous_masks) {
+        let (diffs, mask) = split(offset, f.n);
+        let (diff, mask) = (summing.sum(diffs, true)?, summing.sum(mask, contiguous)?);
         sums.add(diff, mask);
         diff_sums.push(diff);
         mask_sums.push(mask);
+        offset += 2 * f.n;
     }
     let penalty = if teacher {
         // `-kl_penalty_coef` in Python, then rounded: negation is exact.
@@ -358,37 +454,23 @@ fn penalize(
     } else {
         Penalty::Base { coef, avg: sums.mean() }
     };
-    let mut new = Vec::with_capacity(read.len());
-    for r in &read {
-        let advantages = r.advantages.as_ref().expect("read with advantages");
-        let mut out = vec![0.0f32; r.mask.slice().len()];
-        penalized_advantages(
-            advantages.slice(),
-            r.sampled.slice(),
-            r.scored.slice(),
-            r.mask.slice(),
-            penalty,
-            gamma,
-            &mut out,
-        );
-        new.push(out);
+    let mut offset = 0;
+    for (f, column) in found.iter().zip(&mut columns) {
+        let (diffs, mask) = split(offset, f.n);
+        add_penalty(column.slice_mut(), diffs, mask, penalty, gamma);
+        offset += 2 * f.n;
     }
-    let inputs: Vec<Py<PyDict>> = read.into_iter().filter_map(|r| r.inputs).collect();
     drop(paused);
     let (_, _, _, tensor_data, _) = classes;
     let float32 = intern!(py, "float32");
-    let mut tensors = Vec::with_capacity(new.len());
-    for values in new {
-        let n = values.len();
-        let array = PyArray1::from_vec(py, values).into_any();
-        tensors.push(if direct_build {
-            direct::tensor(tensor_data, float32, &array, n)?
+    for (f, column) in found.iter().zip(columns) {
+        let array = column.into_array().into_any();
+        let tensor = if direct_build {
+            direct::tensor(tensor_data, float32, &array, f.n)?
         } else {
             tensor_data.call_method1(intern!(py, "from_numpy"), (array,))?
-        });
-    }
-    for (dict, tensor) in inputs.iter().zip(tensors) {
-        dict.bind(py).set_item(intern!(py, "advantages"), tensor)?;
+        };
+        f.inputs.set_item(intern!(py, "advantages"), tensor)?;
     }
     Ok((sums.mean(), diff_sums, mask_sums))
 }
@@ -446,26 +528,33 @@ pub fn py_torch_sum(x: &Bound<'_, PyAny>, lanes: usize, contiguous: bool) -> PyR
     })
 }
 
-/// `compute_post_kl`'s `(kl_pre_post_v1, kl_pre_post_v2)` from the scoring
-/// responses, summed in float64.
-#[pyfunction(name = "post_kl")]
-pub fn py_post_kl<'py>(
+/// `compute_post_kl`'s flat differences: of every Datum in order, its
+/// `logprobs - scored` where its mask is > 0 (the cookbook's
+/// `torch.cat([(prev - new)[mask > 0], ...])`), as a float32 array, for
+/// torch's own `mean()`.
+#[pyfunction(name = "post_kl_diffs")]
+pub fn py_post_kl_diffs<'py>(
     data: &Bound<'py, PyAny>,
     scored: &Bound<'py, PyAny>,
     classes: KlClasses<'py>,
-) -> PyResult<(f64, f64)> {
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
     guarded(|| {
         let run = || {
-            let _paused = GcPaused::new(data.py());
-            let read = read_all(data, scored, true, false, &classes)?;
-            if read.is_empty() {
+            let py = data.py();
+            let _paused = GcPaused::new(py);
+            let found = find_all(data, scored, true, false, &classes)?;
+            if found.is_empty() {
                 return Err(unsupported("no Datums (torch.cat of nothing raises)".into()));
             }
-            let mut sums = PostKlSums::default();
-            for r in &read {
-                sums.add(r.sampled.slice(), r.scored.slice(), r.mask.slice());
+            let mut flat = Vec::new();
+            for (i, f) in found.iter().enumerate() {
+                // SAFETY: no Python code runs until `read` is dropped at
+                // the end of this iteration (Rust arithmetic only).
+                let read = unsafe { f.read(i) }?;
+                let (s, b, m) = (&read.sampled.values, &read.scored.values, &read.mask.values);
+                flat.extend((0..f.n).filter(|&k| m[k] > 0.0).map(|k| post_diff(s[k], b[k])));
             }
-            Ok(sums.metrics())
+            Ok(PyArray1::from_vec(py, flat))
         };
         run().map_err(|e| left(data.py(), e))
     })
@@ -490,6 +579,9 @@ fn full_sequence_inputs<'py>(
 ) -> PyResult<Bound<'py, PyList>> {
     let py = data.py();
     let (datum_class, model_input_class, chunk_class, tensor_data, _) = classes;
+    // Four new objects per Datum: without the pause, young collections
+    // would walk them again and again.
+    let _paused = GcPaused::new(py);
     let data = exact_items(data, "data_D")?;
     let out = PyList::empty(py);
     for i in 0..data.len() {

@@ -238,7 +238,7 @@ pub enum Slice<'a> {
     F64(&'a [f64]),
 }
 
-impl View<'_> {
+impl<'a> View<'a> {
     pub fn len(&self) -> usize {
         self.layout.len
     }
@@ -337,7 +337,7 @@ impl View<'_> {
     /// The elements as a plain slice, if they are aligned native-order
     /// int32, int64, float32 or float64 laid out back to back (tinker's
     /// `tokens_np` and `logprobs_np`, the cookbook's tensors).
-    pub fn slice(&self) -> Option<Slice<'_>> {
+    pub fn slice(&self) -> Option<Slice<'a>> {
         let Layout {
             kind,
             width,
