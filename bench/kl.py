@@ -11,7 +11,11 @@ as the cookbook merges them, mask 1 on action positions):
   distillation penalty      distillation.train_on_policy.incorporate_kl_penalty(data, teachers, ...)
 
 and `discounted_future_sum_vectorized` of one 32,768-element float32
-tensor. The fake client's responses are tinker `SampleResponse`s with
+tensor. Each pass's floor is its scoring calls alone: the same client
+answering the same calls, gathered as the cookbook gathers them (one
+asyncio Task per Datum; for distillation, tinker's `compute_logprobs`
+list of each response), which any implementation keeping the cookbook's
+requests pays; "above the floor" compares what is left. The fake client's responses are tinker `SampleResponse`s with
 `prompt_logprobs_np` (as tinker's decoder makes them), made afresh before
 each run (a response caches its list once made). CPU is
 `time.process_time()` around each call; stock and ours alternate, median of
@@ -149,6 +153,24 @@ def measure(name: str, repeats: int, log=print) -> dict:
             for r in prepared
         ]
 
+    import tinker
+
+    sequences = metrics._full_sequence_inputs(data)
+    params = tinker.SamplingParams(max_tokens=1)
+
+    # A fresh client is made before the clock starts, as for stock and ours.
+    async def scoring_floor(client):
+        return await asyncio.gather(*[
+            client.sample(prompt=s, num_samples=1, sampling_params=params, include_prompt_logprobs=True).coroutine()
+            for s in sequences
+        ])
+
+    async def teacher_floor(client):
+        return await asyncio.gather(*[client.compute_logprobs(s).coroutine() for s in sequences])
+
+    def in_loop(floor):
+        return lambda: floor(Client(fresh()))
+
     def penalty(f, gamma):
         return lambda: f(data, Client(fresh()), 0.1, gamma)
 
@@ -159,30 +181,34 @@ def measure(name: str, repeats: int, log=print) -> dict:
 
         return make
 
+    scoring, teaching = in_loop(scoring_floor), in_loop(teacher_floor)
     cases = {
-        "KL penalty, discount 0": (penalty(metrics.incorporate_kl_penalty, 0.0), penalty(_kl.incorporate_kl_penalty, 0.0)),
-        "KL penalty, discount 0.9": (penalty(metrics.incorporate_kl_penalty, 0.9), penalty(_kl.incorporate_kl_penalty, 0.9)),
-        "post-update KL": (lambda: metrics.compute_post_kl(data, Client(fresh())), lambda: _kl.compute_post_kl(data, Client(fresh()))),
-        "distillation penalty": (distill(train_on_policy.incorporate_kl_penalty), distill(_kl.distillation_incorporate_kl_penalty)),
+        "KL penalty, discount 0": (penalty(metrics.incorporate_kl_penalty, 0.0), penalty(_kl.incorporate_kl_penalty, 0.0), scoring),
+        "KL penalty, discount 0.9": (penalty(metrics.incorporate_kl_penalty, 0.9), penalty(_kl.incorporate_kl_penalty, 0.9), scoring),
+        "post-update KL": (lambda: metrics.compute_post_kl(data, Client(fresh())), lambda: _kl.compute_post_kl(data, Client(fresh())), scoring),
+        "distillation penalty": (distill(train_on_policy.incorporate_kl_penalty), distill(_kl.distillation_incorporate_kl_penalty), teaching),
     }
     if name == "single_turn_long":
         x = torch.randn(32_768, generator=torch.Generator().manual_seed(0))
         cases["discounted sum, 32k"] = (
             lambda: (lambda: metrics.discounted_future_sum_vectorized(x, 0.9)),
             lambda: (lambda: _kl.discounted_future_sum_vectorized(x, 0.9)),
+            None,
         )
     result = {"workload": name, "datums": len(data), "positions": sum(len(d.loss_fn_inputs["mask"].to_numpy()) for d in data), "cases": {}}
-    for case, (stock, ours) in cases.items():
-        # The stock discounted runs take seconds each: fewer warm-ups.
-        runs = {"stock": [], "ours": []}
+    for case, (stock, ours, floor) in cases.items():
+        runs = {"stock": [], "ours": [], "floor": []}
+        variants = [("stock", stock), ("ours", ours)] + ([("floor", floor)] if floor else [])
         for rep in range(repeats + 1):
-            for variant, make in ([("stock", stock), ("ours", ours)] if rep % 2 == 0 else [("ours", ours), ("stock", stock)]):
+            for variant, make in variants if rep % 2 == 0 else variants[::-1]:
                 seconds = timed(loop, make)
                 if rep:
                     runs[variant].append(seconds)
         s, o = statistics.median(runs["stock"]), statistics.median(runs["ours"])
-        result["cases"][case] = (s, o)
-        log(f"{name:18} {case:26} stock {s * 1e3:9.2f} ms  ours {o * 1e3:7.3f} ms  {s / o:7.1f}x")
+        f = statistics.median(runs["floor"]) if floor else 0.0
+        result["cases"][case] = (s, o, f)
+        above = f"{(s - f) / (o - f):7.1f}x above the floor {f * 1e3:.2f} ms" if floor and o > f else ""
+        log(f"{name:18} {case:26} stock {s * 1e3:9.2f} ms  ours {o * 1e3:7.3f} ms  {s / o:7.1f}x  {above}")
     loop.close()
     return result
 
@@ -194,14 +220,15 @@ def markdown(results: list[dict], repeats: int) -> str:
         f"`python bench/kl.py --repeats {repeats}`: client CPU (`process_time`) per call with a scoring client "
         f"that answers at once, medians of {repeats} after a warm-up, stock and ours alternating in one process.",
         "",
-        "| workload | pass | stock, ms | ours, ms | speed-up | target |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| workload | pass | stock, ms | ours, ms | speed-up | target | floor: the scoring calls alone, ms | speed-up above the floor | floor-bound ceiling |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in results:
-        for case, (s, o) in r["cases"].items():
+        for case, (s, o, f) in r["cases"].items():
             target = f"{TARGETS[case]:.0f}x" if case in TARGETS else ""
+            floor = f"{f * 1e3:.2f} | {(s - f) / (o - f):.1f}x | {s / f:.1f}x" if f and o > f else "- | - | -"
             lines.append(f"| {r['workload']} ({r['datums']} Datums, {r['positions']:,} positions) | {case} | "
-                         f"{s * 1e3:.2f} | {o * 1e3:.3f} | {s / o:.1f}x | {target} |")
+                         f"{s * 1e3:.2f} | {o * 1e3:.3f} | {s / o:.1f}x | {target} | {floor} |")
     return "\n".join(lines)
 
 

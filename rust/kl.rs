@@ -145,6 +145,75 @@ pub fn add_penalty(advantages: &mut [f32], diffs: &[f32], mask: &[f32], penalty:
     }
 }
 
+/// One Datum's penalty inputs for [`add_penalties`]: its advantages (to
+/// add to), masked differences and mask.
+pub struct PenaltyRow<'a> {
+    pub advantages: &'a mut [f32],
+    pub diffs: &'a [f32],
+    pub mask: &'a [f32],
+}
+
+/// [`add_penalty`] of every row. Discounting, four rows' recurrences run
+/// side by side (each a chain of dependent multiply-then-add steps, so one
+/// alone leaves the CPU waiting on each step's latency); each row's own
+/// operations and their order are unchanged, so are its bits.
+pub fn add_penalties(rows: &mut [PenaltyRow<'_>], penalty: Penalty, gamma: Option<f32>) {
+    let Some(gamma) = gamma else {
+        for row in rows.iter_mut() {
+            add_penalty(row.advantages, row.diffs, row.mask, penalty, None);
+        }
+        return;
+    };
+    let term = |diff: f32, mask: f32| match penalty {
+        Penalty::Base { coef, avg } => base_penalty(coef, mask, avg, diff),
+        Penalty::Teacher { neg_coef } => teacher_penalty(neg_coef, mask, diff),
+    };
+    let mut quads = rows.chunks_exact_mut(4);
+    for quad in &mut quads {
+        let shared = quad.iter().map(|r| r.advantages.len()).min().unwrap_or(0);
+        // Each row's last `shared` positions, side by side (equal lengths,
+        // so one index serves all four), then the rest of each alone.
+        let [r0, r1, r2, r3] = quad else {
+            unreachable!("chunks of 4")
+        };
+        let (a0, h0) = tails(r0, shared);
+        let (a1, h1) = tails(r1, shared);
+        let (a2, h2) = tails(r2, shared);
+        let (a3, h3) = tails(r3, shared);
+        let mut running = [0.0f32; 4];
+        for k in (0..shared).rev() {
+            running[0] = term(h0.0[k], h0.1[k]) + gamma * running[0];
+            running[1] = term(h1.0[k], h1.1[k]) + gamma * running[1];
+            running[2] = term(h2.0[k], h2.1[k]) + gamma * running[2];
+            running[3] = term(h3.0[k], h3.1[k]) + gamma * running[3];
+            a0[k] += running[0];
+            a1[k] += running[1];
+            a2[k] += running[2];
+            a3[k] += running[3];
+        }
+        for (row, start) in [r0, r1, r2, r3].into_iter().zip(running) {
+            let n = row.advantages.len() - shared;
+            let mut run = start;
+            for k in (0..n).rev() {
+                run = term(row.diffs[k], row.mask[k]) + gamma * run;
+                row.advantages[k] += run;
+            }
+        }
+    }
+    for row in quads.into_remainder() {
+        add_penalty(row.advantages, row.diffs, row.mask, penalty, Some(gamma));
+    }
+}
+
+/// A row's last `shared` advantages, masked differences and mask
+/// (all of length `shared`).
+fn tails<'r>(row: &'r mut PenaltyRow<'_>, shared: usize) -> (&'r mut [f32], (&'r [f32], &'r [f32])) {
+    let n = row.advantages.len();
+    assert!(row.diffs.len() == n && row.mask.len() == n && shared <= n);
+    let start = n - shared;
+    (&mut row.advantages[start..], (&row.diffs[start..], &row.mask[start..]))
+}
+
 /// `compute_post_kl`'s difference at a position: `prev - new`, float32.
 #[inline]
 pub fn post_diff(prev: f32, new: f32) -> f32 {
@@ -217,6 +286,30 @@ mod tests {
             let mut in_place = x.clone();
             discounted_future_sum_in_place(&mut in_place, gamma);
             prop_assert_eq!(bits(&in_place), bits(&out));
+        }
+
+        #[test]
+        fn rows_side_by_side_are_each_rows_own(
+            rows in proptest::collection::vec(proptest::collection::vec((-5f32..5.0, -3f32..3.0, 0u8..3), 0..40), 0..11),
+            gamma in proptest::option::of(0.01f32..1.2),
+            teacher in proptest::bool::ANY,
+        ) {
+            let penalty = if teacher { Penalty::Teacher { neg_coef: -0.7 } } else { Penalty::Base { coef: 0.3, avg: -0.2 } };
+            let parts: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = rows.iter().map(|r| (
+                r.iter().map(|x| x.0).collect(), r.iter().map(|x| x.1).collect(), r.iter().map(|x| f32::from(x.2) * 0.5).collect(),
+            )).collect();
+            let mut one_by_one: Vec<Vec<f32>> = parts.iter().map(|p| p.0.clone()).collect();
+            for (out, p) in one_by_one.iter_mut().zip(&parts) {
+                add_penalty(out, &p.1, &p.2, penalty, gamma);
+            }
+            let mut together: Vec<Vec<f32>> = parts.iter().map(|p| p.0.clone()).collect();
+            let mut table: Vec<PenaltyRow<'_>> = together.iter_mut().zip(&parts)
+                .map(|(a, p)| PenaltyRow { advantages: a, diffs: &p.1, mask: &p.2 }).collect();
+            add_penalties(&mut table, penalty, gamma);
+            drop(table);
+            for (a, b) in together.iter().zip(&one_by_one) {
+                prop_assert_eq!(bits(a), bits(b));
+            }
         }
 
         #[test]

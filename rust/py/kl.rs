@@ -16,7 +16,7 @@ use pyo3::types::{PyDict, PyList, PyString, PyType};
 
 use std::borrow::Cow;
 
-use crate::kl::{add_penalty, discounted_future_sum, masked_diff, post_diff, DiffSums, Penalty};
+use crate::kl::{add_penalties, discounted_future_sum, masked_diff, post_diff, DiffSums, Penalty, PenaltyRow};
 use crate::py::build::{direct, Column, Unwritten};
 use crate::py::errors::guarded;
 use crate::py::gc::GcPaused;
@@ -455,11 +455,18 @@ fn penalize(
         Penalty::Base { coef, avg: sums.mean() }
     };
     let mut offset = 0;
+    let mut rows = Vec::with_capacity(found.len());
     for (f, column) in found.iter().zip(&mut columns) {
         let (diffs, mask) = split(offset, f.n);
-        add_penalty(column.slice_mut(), diffs, mask, penalty, gamma);
+        rows.push(PenaltyRow {
+            advantages: column.slice_mut(),
+            diffs,
+            mask,
+        });
         offset += 2 * f.n;
     }
+    add_penalties(&mut rows, penalty, gamma);
+    drop(rows);
     drop(paused);
     let (_, _, _, tensor_data, _) = classes;
     let float32 = intern!(py, "float32");
