@@ -458,13 +458,19 @@ def test_discounted_future_sum_is_bit_identical(values, gamma, dtype):
 
 def test_discounted_future_sum_leaves_other_tensors_to_the_cookbook(fallbacks):
     x = torch.arange(6, dtype=torch.float32)
-    for odd, gamma in [(x[::2], 0.5), (x.reshape(2, 3), 0.5), (x.requires_grad_(), 0.5), (torch.arange(4), 0.5), (x.detach(), 1)]:
+    odds = [
+        (x[::2], 0.5), (x.reshape(2, 3), 0.5), (torch.tensor(2.0), 0.5),
+        (torch._neg_view(torch.arange(4, dtype=torch.float32)), 0.5),
+        (torch.ones(3, dtype=torch.float16), 0.5), (torch.ones(3, dtype=torch.bfloat16), 0.5),
+        (x.requires_grad_(), 0.5), (torch.arange(4), 0.5), (x.detach(), 1),
+    ]
+    for odd, gamma in odds:
         theirs = run_sync(COOKBOOK["discounted_future_sum_vectorized"], odd, gamma)
         ours = run_sync(_kl.discounted_future_sum_vectorized, odd, gamma)
         assert ours[0] == theirs[0]
         if theirs[0] == "ok":
             assert torch.equal(ours[1], theirs[1]) and ours[1].dtype == theirs[1].dtype
-    assert len(fallbacks) == 5
+    assert len(fallbacks) == len(odds)
 
 
 # --------------------------------------------------------------------------

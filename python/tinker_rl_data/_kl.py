@@ -406,23 +406,23 @@ def discounted_future_sum_vectorized(x: Any, gamma: float) -> Any:
     dtype, bit for bit (a contiguous 1-D CPU tensor without grad and a
     Python float ``gamma``; anything else is the cookbook's)."""
     torch = sys.modules.get("torch")
-    plain = (
-        torch is not None
-        and type(x) is torch.Tensor
-        and type(gamma) is float
-        and x.dtype in (torch.float32, torch.float64)
-        and x.dim() == 1
-        and x.device.type == "cpu"
-        and x.layout is torch.strided
-        and not x.requires_grad
-        and x.is_contiguous()
-        and not x.is_neg()
-        and not x.is_conj()
-    )
-    if not plain or torch is None:
-        why = "not a plain 1-D float CPU tensor and a float"
-        return _cookbook(_METRICS, "discounted_future_sum_vectorized", why)(x, gamma)
-    return torch.from_numpy(_core.discounted_future_sum(x.numpy(), gamma))
+    if torch is not None and type(x) is torch.Tensor and type(gamma) is float:
+        # ``numpy()`` itself refuses a tensor that needs grad, lives on another
+        # device, is sparse or has its neg/conj bit set; the native sum takes
+        # only a contiguous 1-D float32/float64 array. Four checks instead
+        # of ten attribute calls, each slow when cold (the call is once per
+        # Datum in the cookbook's own loop).
+        try:
+            array = x.numpy()
+        except (RuntimeError, TypeError):
+            array = None
+        if array is not None:
+            try:
+                return torch.from_numpy(_core.discounted_future_sum(array, gamma))
+            except _core.Unsupported:
+                pass
+    why = "not a plain 1-D float CPU tensor and a float"
+    return _cookbook(_METRICS, "discounted_future_sum_vectorized", why)(x, gamma)
 
 
 @_native
