@@ -16,7 +16,9 @@ use pyo3::types::{PyDict, PyList, PyString, PyType};
 
 use std::borrow::Cow;
 
-use crate::kl::{add_penalties, discounted_future_sum, masked_diff, post_diff, DiffSums, Penalty, PenaltyRow};
+use crate::kl::{
+    add_penalties, discounted_future_sum, masked_diff, post_diff, DiffSums, Penalty, PenaltyRow, Recurrence,
+};
 use crate::py::build::{direct, Column, Unwritten};
 use crate::py::errors::guarded;
 use crate::py::gc::GcPaused;
@@ -434,19 +436,15 @@ fn penalize(
     }
     // SAFETY: each column's `n` elements were written just above.
     let mut columns: Vec<Column<'_, f32>> = columns.into_iter().map(|c| unsafe { c.assume_written() }).collect();
-    let split = |offset: usize, n: usize| scratch[offset..offset + 2 * n].split_at(n);
     // Per Datum: `((sampled - scored) * mask).sum()` (a new, contiguous
     // tensor) and `mask.sum()`; then Python's `sum` of each, in order.
     let mut sums = DiffSums::default();
     let (mut diff_sums, mut mask_sums) = (Vec::with_capacity(found.len()), Vec::with_capacity(found.len()));
-    let mut offset = 0;
-    for (f, &contiguous) in found.iter().zip(&contiguous_masks) {
-        let (diffs, mask) = split(offset, f.n);
+    for ((diffs, mask), &contiguous) in per_datum(&scratch, &found).zip(&contiguous_masks) {
         let (diff, mask) = (summing.sum(diffs, true)?, summing.sum(mask, contiguous)?);
         sums.add(diff, mask);
         diff_sums.push(diff);
         mask_sums.push(mask);
-        offset += 2 * f.n;
     }
     let penalty = if teacher {
         // `-kl_penalty_coef` in Python, then rounded: negation is exact.
@@ -454,17 +452,14 @@ fn penalize(
     } else {
         Penalty::Base { coef, avg: sums.mean() }
     };
-    let mut offset = 0;
-    let mut rows = Vec::with_capacity(found.len());
-    for (f, column) in found.iter().zip(&mut columns) {
-        let (diffs, mask) = split(offset, f.n);
-        rows.push(PenaltyRow {
+    let mut rows: Vec<PenaltyRow<'_>> = per_datum(&scratch, &found)
+        .zip(&mut columns)
+        .map(|((diffs, mask), column)| PenaltyRow {
             advantages: column.slice_mut(),
             diffs,
             mask,
-        });
-        offset += 2 * f.n;
-    }
+        })
+        .collect();
     add_penalties(&mut rows, penalty, gamma);
     drop(rows);
     drop(paused);
@@ -480,6 +475,17 @@ fn penalize(
         f.inputs.set_item(intern!(py, "advantages"), tensor)?;
     }
     Ok((sums.mean(), diff_sums, mask_sums))
+}
+
+/// Each Datum's masked differences and mask in `scratch` (laid out back
+/// to back, Datum after Datum, by [`penalize`]).
+fn per_datum<'s>(scratch: &'s [f32], found: &'s [Found<'_>]) -> impl Iterator<Item = (&'s [f32], &'s [f32])> + 's {
+    let mut rest = scratch;
+    found.iter().map(move |f| {
+        let (datum, tail) = rest.split_at(2 * f.n);
+        rest = tail;
+        datum.split_at(f.n)
+    })
 }
 
 /// `incorporate_kl_penalty`'s pass after the scoring calls (see
@@ -643,23 +649,26 @@ fn full_sequence_inputs<'py>(
 #[pyfunction(name = "discounted_future_sum")]
 pub fn py_discounted_future_sum<'py>(x: &Bound<'py, PyAny>, gamma: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     guarded(|| {
-        let py = x.py();
         let g =
             exact_float(gamma).ok_or_else(|| unsupported(format!("gamma is a {}, not a float", type_name(gamma))))?;
         if let Ok(a) = x.cast::<PyArray1<f32>>() {
-            let x = a.readonly();
-            let x = x.as_slice().map_err(|_| unsupported("x is not contiguous".into()))?;
-            let mut out = vec![0.0f32; x.len()];
-            discounted_future_sum(x, g as f32, &mut out);
-            return Ok(PyArray1::from_vec(py, out).into_any());
+            return discounted(a, g as f32);
         }
         if let Ok(a) = x.cast::<PyArray1<f64>>() {
-            let x = a.readonly();
-            let x = x.as_slice().map_err(|_| unsupported("x is not contiguous".into()))?;
-            let mut out = vec![0.0f64; x.len()];
-            discounted_future_sum(x, g, &mut out);
-            return Ok(PyArray1::from_vec(py, out).into_any());
+            return discounted(a, g);
         }
         Err(unsupported(format!("x is a {}, not a 1-D float array", type_name(x))))
     })
+}
+
+fn discounted<'py, T: Recurrence + numpy::Element>(
+    x: &Bound<'py, PyArray1<T>>,
+    gamma: T,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = x.py();
+    let x = x.readonly();
+    let x = x.as_slice().map_err(|_| unsupported("x is not contiguous".into()))?;
+    let mut out = Column::<T>::zeros(py, x.len());
+    discounted_future_sum(x, gamma, out.slice_mut());
+    Ok(out.into_array().into_any())
 }
