@@ -29,7 +29,7 @@ sys.path[:0] = [str(HERE)]
 import numpy as np  # noqa: E402
 
 import tinker_rl_data as trd  # noqa: E402
-from tinker_rl_data.env import Trajectory, TrajectoryGroup, Turn  # noqa: E402
+from tinker_rl_data.evsys import Trajectory, TrajectoryGroup, Turn  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
 

@@ -38,13 +38,15 @@ import numpy as np  # noqa: E402
 import tinker  # noqa: E402
 
 import evsys_style  # noqa: E402
-import reference  # noqa: E402
+from support import reference  # noqa: E402
 import tinker_rl_data as trd  # noqa: E402
 from e2e import NA, features, memory  # noqa: E402
 from workloads import WORKLOADS, Workload, merged_positions, positions, to_cookbook  # noqa: E402
 
 try:  # an internal name: the module may be renamed
-    from tinker_rl_data._build import DIRECT as DIRECT_PATH  # noqa: E402
+    from tinker_rl_data.rows import direct  # noqa: E402
+
+    DIRECT_PATH = direct()
 except ImportError:
     DIRECT_PATH = "unknown"
 
@@ -690,7 +692,7 @@ def write_results(rows, scaling, big, repeats, gil, extra=(), out: Path = HERE /
         f"(direct Datum path: {DIRECT_PATH}).",
         f"Median of {repeats} runs after a warm-up, GC enabled, one process; ratios are against the",
         "reference measured in the same run. The pipeline is compute_advantages + assemble_training_data.",
-        "The contract reference (tests/reference.py) checks every value as docs/contract.md §4 asks; the evsys-style port",
+        "The contract reference (tests/support/reference.py) checks every value as docs/contract.md §4 asks; the evsys-style port",
         "(bench/evsys_style.py) is the module we replace, without checks: the fastest plain-Python baseline.",
         "The two floor rows are not implementations: they time CPython alone reading every input object",
         "once, and building the model-input lists any implementation must return.",

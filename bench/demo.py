@@ -69,7 +69,7 @@ def main() -> None:
 
     import e2e
     import evsys_style
-    import reference
+    from support import reference
     import tinker_rl_data as trd
     from workloads import positions, to_cookbook
 
@@ -134,7 +134,7 @@ def main() -> None:
     t0 = time.perf_counter()
     pipeline(reference, groups)
     spec = time.perf_counter() - t0
-    print("\nfor reference only, not the module replaced: the contract reference (tests/reference.py,")
+    print("\nfor reference only, not the module replaced: the contract reference (tests/support/reference.py,")
     print("plain Python checking every value), one run:")
     print(line("contract reference", spec, n_pos, ours))
 

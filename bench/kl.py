@@ -1,5 +1,5 @@
 """The client's CPU in tinker-cookbook 0.6.1's KL penalty passes, stock and
-tinker_rl_data's (tinker_rl_data._kl), with a scoring client that answers
+tinker_rl_data's (tinker_rl_data.cookbook.kl), with a scoring client that answers
 at once (so only the client's own work is counted).
 
 Per workload (bench/workloads.py; one Datum per trajectory, turns merged
@@ -137,7 +137,7 @@ def measure(name: str, repeats: int, log=print) -> dict:
     from tinker_cookbook.distillation import train_on_policy
     from tinker_cookbook.rl import metrics
 
-    from tinker_rl_data import _kl
+    from tinker_rl_data.cookbook import kl as _kl
 
     data = datums(name)
     prepared = responses(data)

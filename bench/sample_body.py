@@ -1,4 +1,4 @@
-"""tinker's `sample` request bodies: ours (tinker_rl_data.sampling, the
+"""tinker's `sample` request bodies: ours (tinker_rl_data.tinker.sample, the
 replacement `make_model_dump` gives for `tinker.resources.sampling.model_dump`)
 against tinker's (`model_dump(request, exclude_unset=False, exclude_none=True,
 mode="json")` + httpx's `json.dumps(ensure_ascii=False, separators=(",", ":"),
@@ -34,7 +34,7 @@ sys.path[:0] = [str(HERE)]
 import tinker._compat  # noqa: E402
 from tinker import types  # noqa: E402
 
-from tinker_rl_data.sampling import ASAMPLE_ARGS, httpx_json, make_model_dump  # noqa: E402
+from tinker_rl_data.tinker.sample import ASAMPLE_ARGS, httpx_json, make_model_dump  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
 STOP = ["<|im_end|>", "<|endoftext|>"]

@@ -8,9 +8,9 @@ token-list environment, plus `tiny`), each variant runs N steps in a fresh
 process, variants alternating, --runs times:
 
   stock         tinker-cookbook and tinker as installed
-  installed     tinker_rl_data.cookbook.install(gc=None) (collector left alone)
+  installed     tinker_rl_data.cookbook.install(gc=False) (collector left alone)
   installed+gc  tinker_rl_data.cookbook.install(): the collector held to the step
-                (tinker_rl_data._gc_step, applied to rl.train by this script)
+                (tinker_rl_data.cookbook.gc_step, applied to rl.train by this script)
   VARIANT/no-huge-pages
                 VARIANT with huge pages for large outputs off
                 (TINKER_RL_DATA_HUGEPAGES=0)
@@ -197,7 +197,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
     label, variant = variant, variant.removesuffix(NO_HUGE_PAGES)
     if variant != "stock":  # installed, installed+gc, installed+gc:key=value,...
         import tinker_rl_data.cookbook
-        from tinker_rl_data import _gc_step
+        from tinker_rl_data.cookbook import gc_step as _gc_step
 
         gc_config = json.loads(args.gc_config)
         for item in filter(None, variant.partition(":")[2].split(",")):
@@ -210,7 +210,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
             tinker_rl_data.cookbook.install(kl=args.install_kl, coalesce=True)
             collector = _gc_step.COLLECTOR
         else:
-            tinker_rl_data.cookbook.install(gc=None, kl=args.install_kl)
+            tinker_rl_data.cookbook.install(gc=False, kl=args.install_kl)
             if variant.startswith("installed+gc"):
                 collector = _gc_step.StepCollector(**gc_config)
                 undo = _gc_step.apply(collector, train)
@@ -305,7 +305,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
 
 def coalesced_counts() -> dict[str, int] | None:
     """Sample calls merged by install(coalesce=True) in this process."""
-    module = sys.modules.get("tinker_rl_data._coalesce")
+    module = sys.modules.get("tinker_rl_data.tinker.coalesce")
     return None if module is None else module.counts()
 
 

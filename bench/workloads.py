@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tinker_rl_data.env import TrajectoryGroup
+    from tinker_rl_data.evsys import TrajectoryGroup
 
 # numpy and tinker_rl_data are imported where used, so that the workload
 # names can be listed (scripts/demo.sh checks its argument) before the
@@ -30,7 +30,7 @@ class Workload:
         """The batch, with `scale` times the groups."""
         import numpy as np
 
-        from tinker_rl_data.env import Trajectory, TrajectoryGroup, Turn
+        from tinker_rl_data.evsys import Trajectory, TrajectoryGroup, Turn
 
         rng = np.random.default_rng(seed)
         out = []

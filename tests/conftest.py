@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from tinker_rl_data.env import Trajectory, TrajectoryGroup, Turn
+from tinker_rl_data.evsys import Trajectory, TrajectoryGroup, Turn
 
 settings.register_profile(
     "ci", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -34,10 +34,10 @@ import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-import reference
+from support import reference
 import tinker_rl_data as trd
 from conftest import datum_content
-from tinker_rl_data.env import Trajectory, TrajectoryGroup, Turn
+from tinker_rl_data.evsys import Trajectory, TrajectoryGroup, Turn
 
 TESTS = Path(__file__).resolve().parent
 CHILD_TIMEOUT = 120.0
@@ -553,9 +553,9 @@ CRASH_A = textwrap.dedent(
     """
     import json, sys
     sys.path.insert(0, {tests!r})
-    import reference
+    from support import reference
     import tinker_rl_data as trd
-    from tinker_rl_data.env import Trajectory, TrajectoryGroup, Turn
+    from tinker_rl_data.evsys import Trajectory, TrajectoryGroup, Turn
 
     class ClearingLogprob:
         # Clears the list that holds it, then answers a non-float.
@@ -728,7 +728,7 @@ import gc, json, sys
 import tinker
 import tinker_rl_data as trd
 from tinker_rl_data import cookbook
-from tinker_rl_data.env import Trajectory, TrajectoryGroup
+from tinker_rl_data.evsys import Trajectory, TrajectoryGroup
 
 keep, armed = [], [True]
 
@@ -837,7 +837,7 @@ RESIZE_EVSYS_SCRIPT = """
 import json, sys
 import numpy as np
 import tinker_rl_data as trd
-from tinker_rl_data.env import Trajectory, TrajectoryGroup, Turn
+from tinker_rl_data.evsys import Trajectory, TrajectoryGroup, Turn
 
 N, new_len = 1 << 21, int(sys.argv[1])
 first = np.arange(1, 1 + N, dtype=np.int32)
@@ -886,7 +886,7 @@ import numpy as np
 import tinker
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
-from tinker_rl_data.wire import encode_forward_backward
+from tinker_rl_data import encode_forward_backward
 
 N = 1 << 21
 

@@ -1,34 +1,43 @@
 """tinker-rl-data: RL rollouts to ``tinker.Datum`` training rows, with a Rust core.
 
+For a tinker-cookbook trainer, one line before it starts::
+
+    import tinker_rl_data.cookbook
+    print(tinker_rl_data.cookbook.install())
+
+(or ``tinker-rl-data run -m <recipe> ...``). :func:`install` alone makes
+tinker send request bytes made by the Rust core; :func:`status` says what
+is in effect; :func:`uninstall` undoes every install.
+
 A drop-in for ``evsys_sdk.training.data_processing``::
 
     from tinker_rl_data import assemble_training_data, compute_advantages
 
-``install()`` makes tinker send ``forward_backward`` request bytes made by
-the Rust core (:mod:`tinker_rl_data.wire`), where probes run on this machine
-find them equal to tinker's; it returns a report of what went in, and
-``status()`` gives the same later. ``uninstall()`` undoes every install.
-For a tinker-cookbook trainer, :func:`tinker_rl_data.cookbook.install`.
-
-The contract (inputs, rows, errors) is in ``docs/contract.md`` of the
-repository and in the functions' docstrings.
+Layout: ``evsys/`` (that front door), ``cookbook/`` (the cookbook's data
+processing, step metrics, KL passes, GC held to the step), ``tinker/``
+(request bytes, coalesced sampling), ``rows`` (Datums for both front
+doors), ``patch/`` (pieces, install transaction, report, launcher),
+``switches`` (every option and environment variable), ``errors``.
+The contract is in the README, ``docs/contract.md`` and the docstrings.
 """
 
 from ._core import __version__ as __version__
-from .data_processing import Advantages as Advantages
-from .data_processing import DatumMetadata as DatumMetadata
-from .data_processing import RowArrays as RowArrays
-from .data_processing import assemble_arrays as assemble_arrays
-from .data_processing import assemble_training_data as assemble_training_data
-from .data_processing import compute_advantages as compute_advantages
-from .data_processing import compute_trajectory_metrics as compute_trajectory_metrics
-from .data_processing import remove_constant_reward_groups as remove_constant_reward_groups
-from ._patch import InstallError as InstallError
-from ._patch import InstallWarning as InstallWarning
-from ._patch import Report as Report
-from ._patch import status as status
-from .wire import install as install
-from .wire import uninstall as uninstall
+from .errors import InstallError as InstallError
+from .errors import InstallWarning as InstallWarning
+from .evsys import Advantages as Advantages
+from .evsys import DatumMetadata as DatumMetadata
+from .evsys import RowArrays as RowArrays
+from .evsys import assemble_arrays as assemble_arrays
+from .evsys import assemble_training_data as assemble_training_data
+from .evsys import compute_advantages as compute_advantages
+from .evsys import compute_trajectory_metrics as compute_trajectory_metrics
+from .evsys import remove_constant_reward_groups as remove_constant_reward_groups
+from .patch.report import Report as Report
+from .patch.transaction import status as status
+from .tinker.forward_backward import encode_forward_backward as encode_forward_backward
+from .tinker import install as install
+from .tinker import uninstall as uninstall
+from .tinker.sample import encode_sample_request as encode_sample_request
 
 # Exactly the replaced module's names, so `import *` brings the same ones;
 # the others are public too, imported by name (explicit re-exports above).

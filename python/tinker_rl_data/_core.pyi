@@ -107,7 +107,7 @@ def assemble_cookbook(
 def encode_forward_backward(request: Any, forward_only: Any, parts: Any) -> bytes: ...
 def _panic_probe() -> None: ...
 
-# tinker-cookbook's RL step around the data (rust/py/step.rs, python/tinker_rl_data/_step.py).
+# tinker-cookbook's RL step around the data (rust/py/step/, python/tinker_rl_data/cookbook/step.py).
 
 class ValidationError(ValueError):
     """A row tinker-cookbook's data processing rejects with its
@@ -131,12 +131,12 @@ def rollout_counts(groups: Any, input_classes: tuple[type, type]) -> tuple[int, 
 def training_tokens(data: Any, input_classes: tuple[type, type]) -> int: ...
 def datum_without_mask(datum: Any, classes: tuple[type, type, type, type]) -> Any: ...
 
-# tinker's sample request JSON (rust/py/sample_json.rs, python/tinker_rl_data/sampling.py):
+# tinker's sample request JSON (rust/py/sample_json.rs, python/tinker_rl_data/tinker/sample.py):
 # None when the request is not the core's to write.
 
 def encode_sample_request(request: Any, parts: Any) -> bytes | None: ...
 def sample_prompt_key(prompt: Any, sampling_params: Any, parts: Any) -> bytes | None: ...
-# tinker-cookbook's KL penalty passes (rust/py/kl.rs, python/tinker_rl_data/_kl.py).
+# tinker-cookbook's KL penalty passes (rust/py/kl.rs, python/tinker_rl_data/cookbook/kl.py).
 
 _KlClasses = tuple[type, type, type, type, type]
 

@@ -1,0 +1,101 @@
+"""tinker_rl_data for a tinker-cookbook trainer: :func:`install` before it
+starts, and the native functions it puts in, importable by name.
+
+Each module here is one feature, holding its functions, their probes and
+their pieces: :mod:`.data_processing` (``rl.data_processing``),
+:mod:`.step` (the step's metrics and usage), :mod:`.kl` (the KL penalty
+and distillation passes), :mod:`.gc_step` (the collector held to the step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..patch import transaction
+from ..patch.report import Report
+from .data_processing import assemble_training_data as assemble_training_data
+from .data_processing import compute_advantages as compute_advantages
+from .data_processing import remove_constant_reward_groups as remove_constant_reward_groups
+from .data_processing import trajectory_to_data as trajectory_to_data
+from .step import compute_kl_sample_train as compute_kl_sample_train
+from .step import compute_trajectory_metrics as compute_trajectory_metrics
+from .step import remove_mask as remove_mask
+from .step import rollout_usage as rollout_usage
+from .step import training_usage as training_usage
+
+__all__ = [
+    "assemble_training_data",
+    "compute_advantages",
+    "compute_kl_sample_train",
+    "compute_trajectory_metrics",
+    "install",
+    "remove_constant_reward_groups",
+    "remove_mask",
+    "rollout_usage",
+    "trajectory_to_data",
+    "training_usage",
+    "uninstall",
+]
+
+
+def install(
+    *,
+    wire: bool = True,
+    kl: bool = True,
+    gc: bool = True,
+    coalesce: bool = False,
+    strict: bool | None = None,
+) -> Report:
+    """Put tinker_rl_data into tinker-cookbook and tinker; returns the report
+    (``print()`` it; :func:`tinker_rl_data.status` gives the same later).
+
+    Always: the cookbook's data processing (``compute_advantages``,
+    ``assemble_training_data``, ``trajectory_to_data``,
+    ``remove_constant_reward_groups``) and the rest of its RL step
+    (``compute_kl_sample_train``, ``compute_trajectory_metrics``,
+    ``_remove_mask``, ``rollout_usage``, ``training_usage``), in the module
+    that defines each and every other loaded tinker_cookbook module holding
+    the same function. Imports those modules.
+
+    - ``wire`` (on): tinker's ``forward_backward`` and ``sample`` request
+      bytes made by the Rust core (:mod:`tinker_rl_data.tinker`).
+    - ``kl`` (on): the KL penalty and distillation passes (:mod:`.kl`):
+      the same scoring requests; advantages and metrics bit-identical.
+    - ``gc`` (on): Python's cyclic collector held to the trainer's step
+      (:mod:`.gc_step`): changes when it runs, not what is computed.
+    - ``coalesce`` (off, opt-in): concurrent identical single-sample calls
+      as one request (:mod:`tinker_rl_data.tinker.coalesce`): the same
+      distribution of samples, not the same draws.
+    - ``strict``: raise :class:`tinker_rl_data.InstallError` (and install
+      nothing) where a piece would be left out; default
+      ``TINKER_RL_DATA_STRICT=1`` or off.
+
+    Each piece goes in only where its probe, run here on the installed
+    versions, finds ours equal to what it replaces; a piece that fails, is
+    missing, or whose name holds a function that is not the package's own
+    (a user's, a fork's wrapper) is left as it is with one warning, and the
+    others go in. An untested version whose probes pass installs with one
+    warning. ``TINKER_RL_DATA_SKIP`` leaves features or pieces out;
+    ``TINKER_RL_DATA_DISABLE=1`` makes it a no-op (:mod:`tinker_rl_data.switches`).
+    Calling it again is harmless; :func:`uninstall` undoes it.
+    """
+    asked = {"wire": wire, "kl": kl, "gc": gc, "coalesce": coalesce}
+    features = {"data", "step"} | {name for name, on in asked.items() if on}
+    return transaction.install(features, owner=__name__, strict=strict)
+
+
+def uninstall() -> None:
+    """Put back what :func:`install` replaced; a request encoder installed
+    before by :func:`tinker_rl_data.install` stays. Harmless when not
+    installed."""
+    transaction.uninstall(owner=__name__)
+
+
+def __getattr__(name: str) -> Any:
+    # ``tinker_rl_data.cookbook.DataValidationError`` exists (and pickles)
+    # without importing tinker_cookbook at import of this package.
+    if name == "DataValidationError":
+        from .data_processing import _data_validation_error
+
+        return _data_validation_error()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,371 @@
+"""The cyclic garbage collector held to the trainer's step.
+
+A trainer step allocates hundreds of thousands of short-lived objects (each
+sample request's coroutines, futures, frames, option objects) on top of a
+few hundred thousand long-lived ones (torch, tinker, the cookbook). CPython
+runs a full collection whenever the long-lived generation grows by a
+quarter, and each one scans every tracked object: several per step, most of
+the step's GC time. Here, while tinker-cookbook's training loop runs:
+
+- once, when the loop starts (after the setup), one full collection, then
+  ``gc.freeze()`` so the setup's objects are never scanned again (skipped if
+  the program froze objects itself: :func:`program_froze`);
+- inside a step, no collection of the older generations: young collections
+  only (each scans the objects allocated since the last one); objects that
+  survive one are not scanned again until the step ends;
+- at the end of each step, one full collection;
+- a guard for memory: when RSS has grown by ``max_rss_growth`` bytes, or
+  the objects that survived young collections number ``max_tracked``, since
+  the step started (or since the guard last fired), one full collection
+  runs early, on the training loop's event loop (a collection cannot start
+  from inside another, where the guard looks), so a step that makes much
+  cyclic garbage stays bounded;
+- when the loop returns or raises, and on :meth:`StepCollector.restore`,
+  the collector's state (enabled, thresholds, frozen objects) is put back.
+
+Nothing here changes what the trainer computes, only when the collector
+runs. The step boundary is the function each of ``rl.train``'s loops calls
+once per step (sync and async: ``do_train_step_and_get_sampling_client``;
+streaming minibatches, in both: ``do_train_step_streaming_and_get_sampling_client``);
+the loop is one of ``do_sync_training``, ``do_async_training``,
+``do_sync_training_with_stream_minibatch``, which ``rl.train.main`` looks up
+by name when it runs. :meth:`StepCollector.pieces` lists them with the
+wrapper factory for each; :data:`PIECES` (feature ``gc``) installs
+:data:`COLLECTOR`'s wrappers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..patch.piece import Piece, ProbeFailed
+
+TRAIN_MODULE = "tinker_cookbook.rl.train"
+LOOP_FUNCTIONS = ("do_sync_training", "do_async_training", "do_sync_training_with_stream_minibatch")
+STEP_FUNCTIONS = ("do_train_step_and_get_sampling_client", "do_train_step_streaming_and_get_sampling_client")
+
+# A threshold no count reaches: generation 1 and 2 never collect on their own.
+_NEVER = 2**30
+# How often (seconds) a young collection reads RSS for the guard.
+_RSS_CHECK_INTERVAL = 0.05
+# CPython 3.12's collections move the immortal objects they meet into the
+# frozen generation (375 of them in 3.12.1, made at startup; 3.11 and 3.13
+# leave them), so there a freeze count up to this many is the interpreter's
+# own. A program's gc.freeze() freezes every tracked object, far more.
+_INTERPRETER_FROZEN = 4096 if sys.version_info[:2] == (3, 12) else 0
+
+
+def program_froze() -> bool:
+    """Whether the program froze objects itself (gc.freeze())."""
+    return gc.get_freeze_count() > _INTERPRETER_FROZEN
+
+
+def _rss_reader() -> Callable[[], int] | None:
+    """Current resident set size in bytes, from /proc (None elsewhere)."""
+    try:
+        fd = os.open("/proc/self/statm", os.O_RDONLY)
+    except OSError:
+        return None
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def read() -> int:
+        return int(os.pread(fd, 128, 0).split()[1]) * page
+
+    try:
+        read()
+    except (OSError, ValueError, IndexError):
+        os.close(fd)
+        return None
+    return read
+
+
+@dataclass
+class StepStats:
+    steps: int = 0
+    young_collections: int = 0  # automatic, inside steps
+    guard_collections: int = 0  # early full collections
+    tracked_checks: int = 0  # exact counts of the objects older than young
+    step_collections: int = 0  # the one at each step's end
+    froze: int = 0  # objects frozen when the loop started
+
+
+class StepCollector:
+    """Holds the collector to the trainer's step while a training loop runs.
+
+    ``young``: net new tracked objects between young collections inside a
+    step (None: the threshold in effect when the loop starts, 700 by
+    default; young collections free the short-lived cycles early and cost
+    little, measured larger values were slower). ``max_rss_growth``: bytes of RSS growth inside a step after which
+    the guard collects early (None: no RSS guard). ``max_tracked``: objects
+    surviving young collections inside a step after which it does (None: no
+    such bound). ``freeze``: freeze the setup's objects when the loop starts.
+    """
+
+    def __init__(
+        self,
+        young: int | None = None,
+        max_rss_growth: int | None = 512 * 2**20,
+        max_tracked: int | None = 4_000_000,
+        freeze: bool = True,
+    ) -> None:
+        if young is not None and young < 1:
+            raise ValueError(f"young must be at least 1, got {young}")
+        self.young_setting = young
+        self.young = young or 1
+        self.max_rss_growth = max_rss_growth
+        self.max_tracked = max_tracked
+        self.freeze = freeze
+        self.stats = StepStats()
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._saved: tuple[bool, tuple[int, ...]] | None = None
+        self._froze = False
+        self._passive = False
+        self._own_collect = False
+        self._guard_armed = False
+        self._rss = _rss_reader() if max_rss_growth is not None else None
+        self._rss_base = 0
+        self._last_check = 0.0
+        self._next_tracked_check = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- the loop and its steps ------------------------------------------------
+
+    def loop_started(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """``loop``: where the guard's early collections run (none without)."""
+        with self._lock:
+            self._depth += 1
+            if self._depth > 1:
+                return
+            self._loop = loop
+            if not gc.isenabled() or gc.get_threshold()[0] == 0:
+                # The program turned the collector off: leave it so.
+                self._passive = True
+                return
+            self._saved = (gc.isenabled(), gc.get_threshold())
+            self.young = self.young_setting or max(1, gc.get_threshold()[0])
+            self._collect()
+            if self.freeze and not program_froze():
+                gc.freeze()
+                self._froze = True
+                self.stats.froze = gc.get_freeze_count()
+            gc.callbacks.append(self._on_collection)
+            self._step_started()
+            gc.enable()
+
+    def loop_ended(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                return
+            self._depth -= 1
+            if self._depth == 0:
+                self._put_back()
+
+    def step_ended(self) -> None:
+        with self._lock:
+            if self._depth == 0 or self._passive:
+                return
+            self.stats.steps += 1
+            self._collect()
+            self.stats.step_collections += 1
+            self._step_started()
+
+    def restore(self) -> None:
+        """Put the collector's state back now, even inside a running loop
+        (whose later steps then leave the collector alone)."""
+        with self._lock:
+            if self._depth:
+                self._depth = 0
+                self._put_back()
+
+    @property
+    def active(self) -> bool:
+        return self._depth > 0
+
+    # -- wrappers ----------------------------------------------------------------
+
+    def wrap_loop(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """A training loop (async): the policy holds while it runs."""
+
+        @functools.wraps(original)
+        async def loop(*args: Any, **kwargs: Any) -> Any:
+            self.loop_started(asyncio.get_running_loop())
+            try:
+                return await original(*args, **kwargs)
+            finally:
+                self.loop_ended()
+
+        return loop
+
+    def wrap_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """A once-per-step function (async): the step ends when it returns."""
+
+        @functools.wraps(original)
+        async def step(*args: Any, **kwargs: Any) -> Any:
+            result = await original(*args, **kwargs)
+            self.step_ended()
+            return result
+
+        return step
+
+    def make_wrapper(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """The wrapper factory for ``rl.train``'s function ``name``."""
+        if name in LOOP_FUNCTIONS:
+            return self.wrap_loop
+        if name in STEP_FUNCTIONS:
+            return self.wrap_step
+        raise KeyError(name)
+
+    def pieces(self) -> list[tuple[str, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
+        """(module, name, make_wrapper) for every function to wrap."""
+        return [(TRAIN_MODULE, name, self.make_wrapper(name)) for name in LOOP_FUNCTIONS + STEP_FUNCTIONS]
+
+    # -- internals -----------------------------------------------------------------
+
+    def _collect(self) -> None:
+        self._own_collect = True
+        try:
+            gc.collect()
+        finally:
+            self._own_collect = False
+
+    def _step_started(self) -> None:
+        self._guard_armed = False
+        gc.set_threshold(self.young, _NEVER, _NEVER)
+        self._next_tracked_check = self.max_tracked or 0
+        if self._rss is not None:
+            self._rss_base = self._rss()
+            self._last_check = time.monotonic()
+
+    def _put_back(self) -> None:
+        try:
+            gc.callbacks.remove(self._on_collection)
+        except ValueError:
+            pass
+        if self._saved is not None:
+            enabled, thresholds = self._saved
+            gc.set_threshold(*thresholds)
+            (gc.enable if enabled else gc.disable)()
+            self._saved = None
+        if self._froze:
+            gc.unfreeze()
+            self._froze = False
+        self._guard_armed = False
+        self._passive = False
+        self._loop = None
+
+    def _guard_collect(self) -> None:
+        with self._lock:
+            if self._depth == 0 or self._passive or not self._guard_armed:
+                return
+            self._collect()
+            self.stats.guard_collections += 1
+            self._step_started()
+
+    def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
+        # Runs inside a collection (any thread, GIL held), where no other
+        # can start: the guard's collection is handed to the event loop.
+        if phase != "stop" or self._own_collect or self._depth == 0 or self._guard_armed:
+            return
+        self.stats.young_collections += 1
+        if self._over_bound() and self._loop is not None:
+            self._guard_armed = True
+            try:
+                self._loop.call_soon_threadsafe(self._guard_collect)
+            except RuntimeError:  # the loop is closed
+                self._guard_armed = False
+
+    def _over_bound(self) -> bool:
+        if self.max_tracked is not None:
+            # Each young collection this step promoted at most `young`
+            # objects: count them exactly only when that bound could be past.
+            if gc.get_count()[1] * self.young >= self._next_tracked_check:
+                self.stats.tracked_checks += 1
+                survivors = len(gc.get_objects(generation=1))
+                if survivors >= self.max_tracked:
+                    return True
+                self._next_tracked_check = gc.get_count()[1] * self.young + max(
+                    self.max_tracked - survivors, 4 * self.young
+                )
+        if self._rss is None or self.max_rss_growth is None:
+            return False
+        now = time.monotonic()
+        if now - self._last_check < _RSS_CHECK_INTERVAL:
+            return False
+        self._last_check = now
+        return self._rss() - self._rss_base > self.max_rss_growth
+
+
+def apply(collector: StepCollector, module: Any | None = None) -> Callable[[], None]:
+    """Wrap ``rl.train``'s loop and step functions in ``module`` (for
+    benchmarks and tests; ``cookbook.install(gc=...)`` is the supported way).
+    Returns a function that puts the originals back and restores the
+    collector."""
+    if module is None:
+        import importlib
+
+        module = importlib.import_module(TRAIN_MODULE)
+    originals = {}
+    for _, name, make in collector.pieces():
+        original = getattr(module, name, None)
+        if original is not None:
+            originals[name] = original
+            setattr(module, name, make(original))
+
+    def undo() -> None:
+        for name, original in originals.items():
+            setattr(module, name, original)
+        collector.restore()
+
+    return undo
+
+
+
+#: The collector ``cookbook.install()`` (``gc=True``, the default) holds to the step.
+COLLECTOR = StepCollector()
+
+
+def make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The patch layer's ``make``: :data:`COLLECTOR`'s wrapper of
+    ``rl.train``'s loop or step function ``original``."""
+    return COLLECTOR.make_wrapper(original.__name__)(original)
+
+
+def probe_wrapper(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    """The wrappers change when the collector runs, nothing else: what the
+    probe checks is that the cookbook's function is still what they wrap
+    (a coroutine function, as the loop awaits it)."""
+    import inspect
+
+    if not (inspect.iscoroutinefunction(original) and inspect.iscoroutinefunction(ours)):
+        raise ProbeFailed(f"{original.__name__} is no longer a coroutine function")
+    if ours.__wrapped__ is not original:  # type: ignore[attr-defined]
+        raise ProbeFailed("the wrapper does not call the cookbook's function")
+
+
+def uninstalled() -> None:
+    """The patch layer's ``undo``: the collector's state back."""
+    COLLECTOR.restore()
+
+
+PIECES = tuple(
+    Piece(
+        TRAIN_MODULE,
+        name,
+        "gc",
+        make_wrapper,
+        probe_wrapper,
+        label=f"GC held to the step: {name}",
+        undo=uninstalled,
+    )
+    for name in (*LOOP_FUNCTIONS, *STEP_FUNCTIONS)
+)

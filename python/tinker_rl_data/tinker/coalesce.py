@@ -1,0 +1,323 @@
+"""Coalesced sampling: concurrent ``SamplingClient.sample`` calls that would
+send the same request with ``num_samples=1`` go out as one request with
+``num_samples=k``, its sequences handed back one per caller.
+
+A call is merged when, on one client and from one event loop, it asks for
+one sample with no seed and nothing else (no prompt logprobs, top-k, target
+logprobs, alternative tokens): calls whose prompt and sampling parameters
+would be sent as the same JSON (the core's reader of :mod:`.sample`) and
+that arrive before the loop's next turn share one request. That is how
+tinker-cookbook's group rollouts call it: ``asyncio.gather`` starts a
+group's episodes together and each one's ``TinkerTokenCompleter`` calls
+``sample(prompt, num_samples=1, ...)`` with the group's shared first prompt.
+Anything else goes to tinker's ``sample`` as it is, at once.
+
+What it changes: the samples come from the same distribution, not the same
+draws; the shared prompt is billed (and its prefix cache counted) once per
+merged request; merged callers fail or succeed together (an error reaches
+every one of them: tinker's retries run once, for the merged request);
+each caller's response holds its own sequence, the response's other fields
+(``prompt_cache_hit_tokens``) as the merged request's. Cancelling one
+caller's future leaves the others' request running; cancelling all of them
+cancels it.
+
+Installed (:data:`PIECES`, feature ``coalesce``, opt-in) at ``SamplingClient.sample``
+of ``tinker.lib.public_interfaces.sampling_client`` (the class
+``tinker.SamplingClient`` is), as ``make_sample(original)``; ``sample_async``
+calls ``self.sample`` and so goes through it too. :func:`probe_sample`
+checks the installed tinker still has what the wrapper relies on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import inspect
+import threading
+from concurrent.futures import CancelledError, Future, InvalidStateError
+from typing import Any, Callable
+
+from .. import _core
+from ..patch.piece import Piece, ProbeFailed
+from . import sample as sampling
+
+__all__ = ["MAX_MERGE", "PIECES", "counts", "make_sample", "probe_sample", "reset_counts"]
+
+#: The most calls one request serves (then the next call starts another):
+#: a tinker-cookbook group is 4-64 trajectories.
+MAX_MERGE = 64
+
+# tinker's `sample` parameters after `sampling_params`, with the defaults a
+# mergeable call leaves them at.
+_OPTIONS = (
+    ("include_prompt_logprobs", False),
+    ("topk_prompt_logprobs", 0),
+    ("topk_sample_logprobs", 0),
+    ("target_prompt_logprobs", None),
+    ("prompt_alt_tokens_k", 0),
+    ("prompt_logprobs_last_n", None),
+)
+
+_counts_lock = threading.Lock()
+_counts = {"merged_requests": 0, "merged_calls": 0}
+
+
+def counts() -> dict[str, int]:
+    """Requests sent for more than one call (``merged_requests``) and the
+    calls they served (``merged_calls``); ``merged_calls - merged_requests``
+    requests were saved."""
+    with _counts_lock:
+        return dict(_counts)
+
+
+def reset_counts() -> None:
+    with _counts_lock:
+        for k in _counts:
+            _counts[k] = 0
+
+
+def make_sample(original: Callable[..., Any], max_merge: int = MAX_MERGE) -> Callable[..., Any]:
+    """``SamplingClient.sample`` with concurrent identical single-sample calls
+    merged (see the module's docstring); ``original`` is tinker's."""
+    from tinker.lib.backcompat_concurrent_future import _AwaitableFutureCompatWrapper
+
+    if max_merge < 1:
+        raise ValueError(f"max_merge must be 1 or more, got {max_merge}")
+    parts = sampling._parts()
+    key_of = _core.sample_prompt_key
+    # Open batches by (client, loop, prompt and params JSON); a batch leaves
+    # when it is sent, so an id is not reused while its entry lives.
+    pending: dict[tuple[int, int, bytes], _Batch] = {}
+
+    @functools.wraps(original)
+    def sample(
+        self: Any,
+        prompt: Any,
+        num_samples: int,
+        sampling_params: Any,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
+        target_prompt_logprobs: Any = None,
+        prompt_alt_tokens_k: int = 0,
+        prompt_logprobs_last_n: int | None = None,
+    ) -> Any:
+        key, loop = None, None
+        if (
+            parts is not None
+            and type(num_samples) is int
+            and num_samples == 1
+            and include_prompt_logprobs is False
+            and type(topk_prompt_logprobs) is int
+            and topk_prompt_logprobs == 0
+            and type(topk_sample_logprobs) is int
+            and topk_sample_logprobs == 0
+            and target_prompt_logprobs is None
+            and type(prompt_alt_tokens_k) is int
+            and prompt_alt_tokens_k == 0
+            and prompt_logprobs_last_n is None
+            and getattr(sampling_params, "seed", 0) is None
+        ):
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                pass  # no loop to wait a turn on: nothing to merge with
+            if loop is not None:
+                key = key_of(prompt, sampling_params, parts)
+        if key is None or loop is None:
+            return original(
+                self,
+                prompt,
+                num_samples,
+                sampling_params,
+                include_prompt_logprobs,
+                topk_prompt_logprobs,
+                topk_sample_logprobs,
+                target_prompt_logprobs,
+                prompt_alt_tokens_k,
+                prompt_logprobs_last_n,
+            )
+        slot = (id(self), id(loop), key)
+        batch = pending.get(slot)
+        caller = batch.join(max_merge) if batch is not None else None
+        if caller is None:
+            batch = _Batch(original, pending, slot, self, prompt, sampling_params)
+            caller = batch.join(max_merge)
+            assert caller is not None  # a new batch takes one caller at least
+            pending[slot] = batch
+            loop.call_soon(batch.send)
+        return _AwaitableFutureCompatWrapper(caller)
+
+    sample.__tinker_rl_data_pending__ = pending  # type: ignore[attr-defined]  # for tests
+    return sample
+
+
+class _Caller(Future):
+    """One merged caller's future. Waiting on it blocking (``result()``)
+    before its batch is sent sends it first, so that a caller blocking the
+    loop's thread does not wait for a turn of that loop."""
+
+    def __init__(self, batch: _Batch):
+        super().__init__()
+        self._batch = batch
+
+    def result(self, timeout: float | None = None) -> Any:
+        self._batch.send()
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._batch.send()
+        return super().exception(timeout)
+
+    def cancel(self) -> bool:
+        cancelled = super().cancel()
+        if cancelled:
+            self._batch.caller_cancelled()
+        return cancelled
+
+
+class _Batch:
+    def __init__(
+        self,
+        original: Callable[..., Any],
+        pending: dict[tuple[int, int, bytes], _Batch],
+        slot: tuple[int, int, bytes],
+        client: Any,
+        prompt: Any,
+        sampling_params: Any,
+    ) -> None:
+        self.original = original
+        self.pending = pending
+        self.slot = slot
+        self.client = client
+        self.prompt = prompt
+        self.sampling_params = sampling_params
+        self.callers: list[_Caller] = []
+        self.sent = False
+        self.lock = threading.Lock()
+        self.request: Future | None = None
+
+    def join(self, max_merge: int) -> _Caller | None:
+        """A new caller of this batch; None once it is sent or full."""
+        with self.lock:
+            if self.sent or len(self.callers) >= max_merge:
+                return None
+            caller = _Caller(self)
+            self.callers.append(caller)
+            return caller
+
+    def send(self) -> None:
+        with self.lock:
+            if self.sent:
+                return
+            self.sent = True
+            callers = [c for c in self.callers if not c.cancelled()]
+        if self.pending.get(self.slot) is self:
+            self.pending.pop(self.slot, None)
+        if not callers:
+            return
+        try:
+            api_future = self.original(self.client, self.prompt, len(callers), self.sampling_params)
+            request = api_future.future()
+        except BaseException as e:  # what tinker's `sample` raises, to every caller
+            for c in callers:
+                _set(c, exception=e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        if len(callers) > 1:
+            with _counts_lock:
+                _counts["merged_requests"] += 1
+                _counts["merged_calls"] += len(callers)
+        self.request = request
+        request.add_done_callback(lambda done: _deliver(done, callers))
+        if all(c.cancelled() for c in callers):
+            request.cancel()
+
+    def caller_cancelled(self) -> None:
+        request = self.request
+        if request is not None and all(c.cancelled() for c in self.callers):
+            request.cancel()
+
+
+def _deliver(done: Future, callers: list[_Caller]) -> None:
+    if done.cancelled():
+        for c in callers:
+            c.cancel()
+        return
+    error = done.exception()
+    if error is not None:
+        for c in callers:
+            _set(c, exception=error)
+        return
+    response = done.result()
+    if len(callers) == 1:
+        _set(callers[0], result=response)
+        return
+    sequences = list(response.sequences)
+    if len(sequences) != len(callers):
+        error = RuntimeError(
+            f"a merged sample request for {len(callers)} samples returned {len(sequences)} sequences"
+        )
+        for c in callers:
+            _set(c, exception=error)
+        return
+    for c, sequence in zip(callers, sequences):
+        _set(c, result=dataclasses.replace(response, sequences=[sequence]))
+
+
+def _set(caller: _Caller, *, result: Any = None, exception: BaseException | None = None) -> None:
+    # A caller cancelled meanwhile (from any thread) keeps its cancellation.
+    try:
+        if exception is not None:
+            caller.set_exception(exception)
+        else:
+            caller.set_result(result)
+    except (InvalidStateError, CancelledError):
+        pass
+
+
+def probe_sample(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    """Raises ProbeFailed, saying why, unless tinker's ``sample`` is still
+    what ``ours`` (``make_sample(original)``) relies on: its parameters and
+    their defaults, an ``APIFuture`` with ``future()`` as its result, a
+    dataclass response with ``sequences``, and prompts and parameters the
+    core reads."""
+    from tinker import types
+    from tinker.lib.backcompat_concurrent_future import _AwaitableFutureCompatWrapper
+    from tinker.lib.public_interfaces.api_future import APIFuture
+
+    if getattr(ours, "__wrapped__", None) is not original:
+        raise ProbeFailed("the replacement does not wrap this sample")
+    params = list(inspect.signature(original).parameters.values())
+    want = ["self", "prompt", "num_samples", "sampling_params", *(name for name, _ in _OPTIONS)]
+    if [p.name for p in params] != want:
+        raise ProbeFailed(f"tinker's sample takes {[p.name for p in params]}, not {want}")
+    defaults = {p.name: p.default for p in params[4:]}
+    if defaults != dict(_OPTIONS) or any(p.kind is not p.POSITIONAL_OR_KEYWORD for p in params):
+        raise ProbeFailed(f"tinker's sample options are {defaults}, not {dict(_OPTIONS)}")
+    if not (issubclass(_AwaitableFutureCompatWrapper, APIFuture) and issubclass(_AwaitableFutureCompatWrapper, Future)):
+        raise ProbeFailed("tinker's sample future is no longer a concurrent Future and an APIFuture")
+    fields = {f.name for f in dataclasses.fields(types.SampleResponse)} if dataclasses.is_dataclass(types.SampleResponse) else set()
+    if "sequences" not in fields:
+        raise ProbeFailed("tinker's SampleResponse is no longer a dataclass with sequences")
+    if "seed" not in types.SamplingParams.model_fields:
+        raise ProbeFailed("tinker's SamplingParams has no seed")
+    parts = sampling._parts()
+    prompt = types.ModelInput.from_ints([1, 2, 3])
+    if parts is None or _core.sample_prompt_key(prompt, types.SamplingParams(max_tokens=4), parts) is None:
+        raise ProbeFailed(f"the core does not read tinker's prompts: {sampling.schema_mismatch()}")
+
+
+PIECES = (
+    Piece(
+        "tinker.lib.public_interfaces.sampling_client",
+        "SamplingClient.sample",
+        "coalesce",
+        make_sample,
+        probe_sample,
+        spread=False,
+        label="coalesced sampling",
+    ),
+)
