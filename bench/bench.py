@@ -13,7 +13,7 @@ remove_constant_reward_groups, tinker_rl_data.cookbook against
 tinker-cookbook 0.6.1 (skipped with a note when tinker_cookbook does not
 import), the end-to-end table of bench/e2e.py (up to the request bytes), the
 RSS kept by keeping one Datum of a large batch, interrupt latency, and the
-request encoding of bench/wire.py (tinker_rl_data.wire against tinker's).
+request encoding of bench/wire.py (tinker_rl_data.encode_forward_backward against tinker's).
 Comparing two builds in one run: bench/compare_wheels.py.
 
 Times are medians of >= 5 runs after a warm-up; each run's results are kept
@@ -440,7 +440,7 @@ def e2e_section(repeats) -> list[str]:
 
 
 def wire_section(repeats) -> list[str]:
-    """Request bytes: tinker_rl_data.wire against tinker's encoder (bench/wire.py)."""
+    """Request bytes: tinker_rl_data.encode_forward_backward against tinker's encoder (bench/wire.py)."""
     try:
         import wire
     except ImportError as exc:  # a build without tinker_rl_data.wire

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install into the current Python what tinker-cookbook's
 # rl.data_processing, rl.train and distillation trainers import, so that the
-# differential tests in tests/test_cookbook.py can run against the real
+# differential tests in tests/cookbook/ can run against the real
 # cookbook. tinker-cookbook's full dependency set cannot be installed from
 # the registry (tml-renderers is not there), so it is installed with
 # --no-deps after the subset those modules need. Mostly torch (~5 GB);

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -230,3 +232,17 @@ def test_user_code_run_while_reading_runs_with_the_gc_off_on_both_paths(monkeypa
     datums, _ = trd.assemble_training_data([TrajectoryGroup([Trajectory([Watching()], 1.0)])], [[0.5]])
     assert len(datums) == 1 and seen and not any(seen), seen
     assert gc.isenabled()
+
+
+def test_importing_the_package_builds_and_encodes_nothing():
+    """The direct-construction check and tinker's classes are resolved when
+    first needed (a first batch, or install()'s report), not at import."""
+    script = (
+        "import tinker_rl_data, tinker_rl_data.cookbook, tinker_rl_data.patch.registry as r\n"
+        "from tinker_rl_data import rows\n"
+        "r.pieces()\n"
+        "print(rows.classes.cache_info().misses, rows.direct_construction.cache_info().misses)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "0"]

@@ -1,10 +1,13 @@
-//! Bad input as Python exceptions, and the guard that keeps a Rust panic
-//! from aborting the interpreter.
+//! Every exception type of the core, in one place: bad input as Python
+//! exceptions (`ValidationError` and the rest), the fallback (`Unsupported`:
+//! an input left to the function a native pass replaces), and the guard
+//! that keeps a Rust panic from aborting the interpreter.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyException, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
 use pyo3::PyErr;
 use pyo3::PyResult;
 
@@ -52,4 +55,31 @@ pub fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
             .unwrap_or_else(|| "unknown panic".into());
         Err(internal_error(&what))
     })
+}
+
+// The fallback: an input a native pass of the cookbook's step or KL passes
+// does not read exactly.
+create_exception!(
+    tinker_rl_data._core,
+    Unsupported,
+    PyException,
+    "An input the native pass does not read exactly; the caller runs tinker-cookbook's own function instead."
+);
+
+#[cold]
+pub fn unsupported(why: String) -> PyErr {
+    Unsupported::new_err(why)
+}
+
+/// An exception raised while reading (a missing attribute, a property's
+/// error) leaves the input to the cookbook's function, which raises its own
+/// exception in its own order. What is not an `Exception`
+/// (`KeyboardInterrupt`) goes up as it is.
+pub fn leave_to_cookbook(py: Python<'_>, err: PyErr) -> PyErr {
+    if err.is_instance_of::<Unsupported>(py) || !err.is_instance_of::<PyException>(py) {
+        return err;
+    }
+    let left = unsupported(err.to_string());
+    left.set_cause(py, Some(err));
+    left
 }

@@ -13,11 +13,12 @@ use crate::py::gc::GcPaused;
 use crate::py::pipeline;
 use crate::py::source::cookbook::Cookbook;
 use crate::py::source::evsys::{read_rewards, Evsys, FitReport, Options};
-use crate::py::step::kl::kl_sample_train;
+use crate::py::step::kl_sample_train::kl_sample_train;
 use crate::py::step::remove_mask::{datum_without_mask, DatumClasses};
 use crate::py::step::trajectory_metrics::{trajectory_metrics, Reading};
 use crate::py::step::usage::{rollout_counts, training_tokens};
-use crate::py::step::{leave_to_cookbook, InputClasses, Unsupported};
+use crate::py::errors::{leave_to_cookbook, Unsupported};
+use crate::py::step::InputClasses;
 use crate::py::wire::{encode_forward_backward, TinkerParts};
 
 /// Adds every export to the native module: the one list of them.

@@ -24,7 +24,8 @@ use crate::py::errors::guarded;
 use crate::py::gc::GcPaused;
 use crate::py::read::numbers::{Kind, Numbers, Slice, Value};
 use crate::py::read::{exact_float, exact_int, type_name};
-use crate::py::step::{leave_to_cookbook as left, sequence as exact_items, unsupported};
+use crate::py::errors::{leave_to_cookbook, unsupported};
+use crate::py::step::sequence;
 use crate::torch_sum::{torch_sum, LANES};
 
 /// `(Datum, ModelInput, EncodedTextChunk, TensorData, SampleResponse)`.
@@ -176,7 +177,7 @@ fn loss_input<'py>(
 /// logprobs[1:])` makes them a float32 tensor: of a list or tuple, exact
 /// floats (and ints within 2**53, which it makes the same float32 values).
 fn listed<'py>(logprobs: &Bound<'py, PyAny>, i: usize) -> PyResult<Held<'py>> {
-    let items = exact_items(logprobs, "prompt logprobs")?;
+    let items = sequence(logprobs, "prompt logprobs")?;
     let mut out = Vec::with_capacity(items.len().saturating_sub(1));
     for k in 1..items.len() {
         let item = items.get(k)?;
@@ -293,8 +294,8 @@ fn find_all<'py>(
 ) -> PyResult<Vec<Found<'py>>> {
     let py = data.py();
     let (datum_class, _, _, tensor_data, response_class) = classes;
-    let data = exact_items(data, "data_D")?;
-    let scored = exact_items(scored, "scored logprobs")?;
+    let data = sequence(data, "data_D")?;
+    let scored = sequence(scored, "scored logprobs")?;
     if data.len() != scored.len() {
         return Err(unsupported(format!(
             "{} Datums, {} scoring results",
@@ -522,7 +523,7 @@ pub fn py_kl_penalty<'py>(
             direct,
             &summing,
         )
-        .map_err(|e| left(data.py(), e))
+        .map_err(|e| leave_to_cookbook(data.py(), e))
     })
 }
 
@@ -569,7 +570,7 @@ pub fn py_post_kl_diffs<'py>(
             }
             Ok(PyArray1::from_vec(py, flat))
         };
-        run().map_err(|e| left(data.py(), e))
+        run().map_err(|e| leave_to_cookbook(data.py(), e))
     })
 }
 
@@ -582,7 +583,7 @@ pub fn py_full_sequence_inputs<'py>(
     classes: KlClasses<'py>,
     direct: bool,
 ) -> PyResult<Bound<'py, PyList>> {
-    guarded(|| full_sequence_inputs(data, &classes, direct).map_err(|e| left(data.py(), e)))
+    guarded(|| full_sequence_inputs(data, &classes, direct).map_err(|e| leave_to_cookbook(data.py(), e)))
 }
 
 fn full_sequence_inputs<'py>(
@@ -595,7 +596,7 @@ fn full_sequence_inputs<'py>(
     // Four new objects per Datum: without the pause, young collections
     // would walk them again and again.
     let _paused = GcPaused::new(py);
-    let data = exact_items(data, "data_D")?;
+    let data = sequence(data, "data_D")?;
     let out = PyList::empty(py);
     for i in 0..data.len() {
         let datum = data.get(i)?;

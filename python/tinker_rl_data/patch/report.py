@@ -22,7 +22,9 @@ class Report:
     """What an install did (or, from :func:`tinker_rl_data.status`, what is in effect).
 
     ``installed``: (piece, sites replaced); ``left``: (piece, why it stays
-    out); ``kept``: other modules' names holding a user's or another
+    out); ``older``: the pieces of ``left`` that the installed (older)
+    release does not have or that ours does not reproduce there (no cause
+    for a warning); ``kept``: other modules' names holding a user's or another
     library's function, left alone; ``features``: each piece's feature;
     ``not_asked``: features not selected; ``skipped``: features or pieces
     turned off by ``TINKER_RL_DATA_SKIP``; ``construction``: how Datums are
@@ -32,6 +34,7 @@ class Report:
 
     installed: list[tuple[str, list[str]]] = field(default_factory=list)
     left: list[tuple[str, str]] = field(default_factory=list)
+    older: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
     features: dict[str, str] = field(default_factory=dict)
     not_asked: list[str] = field(default_factory=list)
@@ -82,9 +85,15 @@ class Report:
                 continue
             if not titles:
                 continue
+            older = [t for t in titles if t in self.older]
+            titles = [t for t in titles if t not in self.older]
             n_in = sum(t in installed for t in titles)
+            if not titles:
+                lines.append(f"  {feature:<9} {'not for this version':<22} {what}: {left[older[0]]}")
+                continue
             state = "on" if n_in == len(titles) else "off" if n_in == 0 else "partly on"
-            lines.append(f"  {feature:<9} {f'{state}, {n_in} of {len(titles)}':<22} {what}")
+            note = f" ({len(older)} not in this version)" if older else ""
+            lines.append(f"  {feature:<9} {f'{state}, {n_in} of {len(titles)}':<22} {what}{note}")
             for title in titles:
                 if title in left:
                     lines.append(f"      {title}: {left[title]}")

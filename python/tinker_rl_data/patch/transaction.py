@@ -274,6 +274,7 @@ def install(features: Iterable[str], *, owner: str, strict: bool | None = None) 
             report.left.append((piece.title, str(left)))
             if left.expected:
                 quiet.add(piece.title)
+                report.older.append(piece.title)
 
     failed = [(title, why) for title, why in report.left if title not in quiet and "TINKER_RL_DATA_SKIP" not in why]
     if strict and failed:

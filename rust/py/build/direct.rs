@@ -1,5 +1,5 @@
 //! Instances of tinker's classes made without their constructors: each gets
-//! exactly the fields its public constructor would give it (`_build.py`
+//! exactly the fields its public constructor would give it (`rows.py`
 //! checks that at import), and what can be in no cycle is taken off the
 //! cyclic GC's books.
 

@@ -2,11 +2,11 @@
 //! builder and one metadata builder.
 //!
 //! The builder has two ways of making each object, chosen once per process
-//! by `_build.py`: *direct* (`direct.rs`: each instance gets exactly the
+//! by `rows.py`: *direct* (`direct.rs`: each instance gets exactly the
 //! fields its public constructor would give it, without its per-token
 //! validation, which the rows do not need), on a tinker whose classes
-//! `_build.py` has checked field for field against their constructors at
-//! import; or tinker's *public* constructors, called as a user would
+//! `rows.py` has checked field for field against their constructors when
+//! first needed; or tinker's *public* constructors, called as a user would
 //! (`TensorData.from_numpy`, `ModelInput(chunks=...)`, `Datum(...)`, the
 //! span classes), anywhere else.
 

@@ -6,49 +6,24 @@
 //!
 //! Each reads what the cookbook's function reads, once. An input it does
 //! not read exactly (another type than the cookbook's, a case where the
-//! cookbook raises) is an [`Unsupported`] exception, read no further: the
+//! cookbook raises) is an [`Unsupported`](crate::py::errors::Unsupported) exception, read no further: the
 //! Python layer then runs the cookbook's own function, so that results and
 //! exceptions are always the cookbook's. Only lists and tuples are read, so
 //! an iterator is left unconsumed for it.
 
-use pyo3::exceptions::PyException;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyString, PyType};
 
 use crate::error::Location;
 use crate::metrics::Number;
+pub use crate::py::errors::unsupported;
 use crate::py::read::{exact_float, exact_int, type_name, Items};
 
-pub mod kl;
+pub mod kl_sample_train;
 pub mod remove_mask;
 pub mod trajectory_metrics;
 pub mod usage;
-
-pyo3::create_exception!(
-    tinker_rl_data._core,
-    Unsupported,
-    PyException,
-    "An input the native pass does not read exactly; the caller runs tinker-cookbook's own function instead."
-);
-
-#[cold]
-pub fn unsupported(why: String) -> PyErr {
-    Unsupported::new_err(why)
-}
-
-/// An exception raised while reading (a missing attribute, a property's
-/// error) leaves the input to the cookbook's function, which raises its own
-/// exception in its own order. What is not an `Exception`
-/// (`KeyboardInterrupt`) goes up as it is.
-pub fn leave_to_cookbook(py: Python<'_>, err: PyErr) -> PyErr {
-    if err.is_instance_of::<Unsupported>(py) || !err.is_instance_of::<PyException>(py) {
-        return err;
-    }
-    let left = unsupported(err.to_string());
-    left.set_cause(py, Some(err));
-    left
-}
 
 /// A list's or tuple's items. Anything else (an iterator the cookbook's
 /// function would consume) is left to it unread.
