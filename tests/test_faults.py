@@ -1,0 +1,160 @@
+"""Faults: tinker-cookbook's own `rl.train.main` (tiny workload, 2 steps, a
+group's members sharing their first prompt) against the fake tinker service
+answering by a seeded fault schedule (bench/fake_tinker.py `Faults`: 5xx,
+429 + Retry-After, 408, empty-body 400, closed connections, lost answers,
+slow answers, try_again / complete_metadata polls, 410 on sample futures;
+where asked, non-retryable 400s). Each leg is one process (bench/trainer.py
+--child) running stock first, then the variants, each against a fresh
+service with the same schedule.
+
+- With retryable faults, install() (defaults) sends, retries and gets
+  answered the same requests on every path as stock, samples and trains the
+  same sequences (forward_backward bodies equal as Datum sets); coalesced
+  sampling trains the same Datums from fewer requests.
+- A non-retryable 400 (a prompt the service rejects) fails the run with the
+  exception class stock fails with, within a bounded time (no hang).
+- Under RetryOnFailure and MinViableGroup with one-off 400s on single
+  samples, coalesced sampling trains as many Datums as stock: a merged
+  request that fails is sent again one caller at a time, so the strategy
+  sees each trajectory's failure, not k at once.
+
+The schedule is keyed on what a request asks for, not on arrival order, so
+the runs see the same faults (bench/fake_tinker.py); where timing can
+still matter it is said below.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import cookbook_unavailable
+
+try:
+    import tinker_cookbook.rl.train  # noqa: F401
+except ImportError as exc:
+    cookbook_unavailable(exc)
+
+# The one dependency on bench/: the script that runs the cookbook's loop
+# against the fake service (and writes its bodies and requests.json).
+TRAINER = Path(__file__).resolve().parent.parent / "bench" / "trainer.py"
+
+STEPS = 2
+TIMEOUT = 300  # seconds for a whole leg: a hang fails the test, not the suite
+# Paths whose counts depend on time, not on the requests made.
+TIMED = {"/api/v1/telemetry", "/api/v1/session_heartbeat"}
+
+
+def run_loop(tmp: Path, variants: list[str], faults: str, *extra: str) -> dict[str, dict]:
+    record, out = tmp / "record", tmp / "out.json"
+    cmd = [sys.executable, str(TRAINER), "--child", "--workload", "tiny", "--variant", ";".join(variants)]
+    cmd += ["--steps", str(STEPS), "--record", str(record), "--out", str(out), "--shared-prompt"]
+    cmd += ["--faults", faults, *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(out.read_text())
+    assert [r["variant"] for r in results] == variants
+    for i, r in enumerate(results):
+        r["bodies"] = datum_sets(record / str(i))
+    return {r["variant"]: r for r in results}
+
+
+def datum_sets(record: Path) -> dict[str, list[bytes]]:
+    """Each recorded forward_backward request's Datums, each serialized
+    deterministically, sorted (a group's members may come in another
+    order: which of its concurrent sample calls gets which draw is their
+    arrival order at the service)."""
+    from tinker.proto import tinker_public_pb2 as pb
+
+    out = {}
+    for path in sorted(record.glob("fwdbwd-*.pb")):
+        msg = pb.ForwardBackwardRequest()
+        msg.ParseFromString(path.read_bytes())
+        out[path.name] = sorted(d.SerializeToString(deterministic=True) for d in msg.data)
+    return out
+
+
+def datums(run: dict) -> int:
+    return sum(len(v) for v in run["bodies"].values())
+
+
+def requests(run: dict) -> dict[str, dict]:
+    return {path: v for path, v in run["requests"]["paths"].items() if path not in TIMED}
+
+
+def fault_kinds(run: dict) -> set[str]:
+    return {kind for v in run["requests"]["paths"].values() for kind in v["faults"]}
+
+
+# ---------------------------------------------------------------------------
+# retryable faults: nothing lost, nothing different
+
+RETRYABLE = ["stock", "installed", "installed+coalesce"]
+
+
+@pytest.fixture(scope="module")
+def retryable(tmp_path_factory):
+    return run_loop(tmp_path_factory.mktemp("retryable"), RETRYABLE, "seed=1,rate=0.1")
+
+
+def test_the_schedule_faults_every_kind_of_request(retryable):
+    stock = retryable["stock"]
+    faulted = {path for path, v in stock["requests"]["paths"].items() if v["faults"]}
+    assert {"/api/v1/asample", "/api/v1/retrieve_future"} <= faulted, stock["requests"]
+    assert len(fault_kinds(stock)) >= 6, stock["requests"]
+    assert sum(v["retried"] for v in requests(stock).values()) > 0
+
+
+def test_installed_meets_the_faults_as_stock(retryable):
+    stock, installed = retryable["stock"], retryable["installed"]
+    assert stock["error"] is None and installed["error"] is None
+    # received, retried, answered and faults by kind, per path
+    assert requests(installed) == requests(stock)
+    assert installed["requests"]["samples"] == stock["requests"]["samples"]
+    assert installed["bodies"] == stock["bodies"] and datums(stock) > 0
+    assert len(installed["metrics"]) == len(stock["metrics"]) == STEPS
+
+
+def test_coalesced_trains_the_same_datums_from_fewer_requests(retryable):
+    stock, coalesced = retryable["stock"], retryable["installed+coalesce"]
+    assert coalesced["error"] is None and coalesced["coalesced"]["merged_requests"] > 0
+    assert coalesced["requests"]["samples"] == stock["requests"]["samples"]
+    assert coalesced["bodies"] == stock["bodies"]
+    asample = "/api/v1/asample"
+    assert coalesced["requests"]["paths"][asample]["answered"] < stock["requests"]["paths"][asample]["answered"]
+    assert len(coalesced["metrics"]) == STEPS
+
+
+# ---------------------------------------------------------------------------
+# a non-retryable fault: the same exception class, no hang
+
+
+def test_a_rejected_prompt_fails_every_variant_as_stock(tmp_path):
+    runs = run_loop(tmp_path, RETRYABLE, "seed=1,rate=0,reject=0.2")
+    stock = runs["stock"]
+    assert stock["error"] is not None and "reject" in fault_kinds(stock)
+    for variant in RETRYABLE[1:]:
+        assert runs[variant]["error"] == stock["error"], (variant, runs[variant]["error"])
+
+
+# ---------------------------------------------------------------------------
+# rollout_error_tolerance: a merged request's failure is no wider than one
+# sample's
+
+TOLERANT = ["stock@retry", "stock@minviable", "installed+coalesce@retry", "installed+coalesce@minviable"]
+
+
+def test_coalesced_sampling_trains_stocks_datums_under_the_tolerance_strategies(tmp_path):
+    runs = run_loop(tmp_path, TOLERANT, "seed=1,rate=0,bad=0.15")
+    for strategy in ("retry", "minviable"):
+        stock, coalesced = runs[f"stock@{strategy}"], runs[f"installed+coalesce@{strategy}"]
+        assert stock["error"] is None and coalesced["error"] is None
+        assert "bad" in fault_kinds(stock) and "bad" in fault_kinds(coalesced)
+        assert datums(coalesced) == datums(stock), strategy
+        assert coalesced["bodies"] == stock["bodies"], strategy
+    # merged requests did fail (their callers were sent again alone)
+    assert runs["installed+coalesce@minviable"]["coalesced"]["split_requests"] > 0
