@@ -121,13 +121,27 @@ class Faults:
         return kinds[int(self.draw("kind", path, key, attempt) * len(kinds))]
 
 
+def _load_pb2() -> Any:
+    """tinker's protobuf messages, without importing the `tinker` package
+    (seconds of CPU per service started)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("tinker")
+    assert spec is not None and spec.submodule_search_locations
+    path = Path(next(iter(spec.submodule_search_locations))) / "proto" / "tinker_public_pb2.py"
+    module_spec = importlib.util.spec_from_file_location("tinker.proto.tinker_public_pb2", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
 class Service:
     def __init__(self, seed: int, record: Path | None, faults: Faults | None = None) -> None:
         import numpy as np
-        from tinker.proto import tinker_public_pb2 as pb
 
         self.np = np
-        self.pb = pb
+        self.pb = _load_pb2()
         self.seed = seed
         self.record = record
         self.futures: dict[str, tuple[str, Any]] = {}

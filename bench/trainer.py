@@ -204,11 +204,15 @@ def run_child(args: argparse.Namespace) -> None:
         record = args.record if len(variants) == 1 else str(Path(args.record) / str(i))
         probe.steps.clear()
         logged.clear()
-        results.append(run_variant(args, variant, record, probe, logged, train, FakeTinker))
+        faults = None
+        if args.faults:  # one schedule for all, or ";"-separated, one per variant
+            specs = args.faults.split(";")
+            faults = specs[i] if len(specs) == len(variants) else args.faults
+        results.append(run_variant(args, variant, record, probe, logged, train, FakeTinker, faults))
     Path(args.out).write_text(json.dumps(results if len(variants) > 1 else results[0]))
 
 
-def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict[str, Any]:
+def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=None) -> dict[str, Any]:
     import asyncio
     import resource
 
@@ -268,7 +272,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
 
     workload = LOOP_WORKLOADS[args.workload]
     error = None
-    with tempfile.TemporaryDirectory() as log_path, FakeTinker(seed=args.seed, record=record, faults=args.faults) as fake:
+    with tempfile.TemporaryDirectory() as log_path, FakeTinker(seed=args.seed, record=record, faults=faults) as fake:
         config = train.Config(
             learning_rate=1e-5,
             dataset_builder=TokenDatasetBuilder(
@@ -472,8 +476,9 @@ def main() -> None:
     p.add_argument("--gc-config", default="{}", help="StepCollector arguments as JSON")
     p.add_argument(
         "--faults", default=None,
-        help="the fake service's seeded fault schedule (bench/fake_tinker.py Faults: SEED or key=value,...); "
-        "a run that raises is reported (its exception class) and the next one runs",
+        help="the fake service's seeded fault schedule (bench/fake_tinker.py Faults: SEED or key=value,...; "
+        "with --child, one per ';'-separated variant if as many); a run that raises is reported (its "
+        "exception class) and the next one runs",
     )
     p.add_argument("--tolerance", choices=("failfast", "retry", "minviable"), default=None,
                    help="rollout_error_tolerance: FailFast, RetryOnFailure, MinViableGroup (default: the cookbook's)")

@@ -3,9 +3,9 @@ group's members sharing their first prompt) against the fake tinker service
 answering by a seeded fault schedule (bench/fake_tinker.py `Faults`: 5xx,
 429 + Retry-After, 408, empty-body 400, closed connections, lost answers,
 slow answers, try_again / complete_metadata polls, 410 on sample futures;
-where asked, non-retryable 400s). Each leg is one process (bench/trainer.py
---child) running stock first, then the variants, each against a fresh
-service with the same schedule.
+where asked, non-retryable 400s). All runs are one process (bench/trainer.py
+--child): stock first, then the variants, each against a fresh service
+with its run's schedule.
 
 - With retryable faults, install() (defaults) sends, retries and gets
   answered the same requests on every path as stock, samples and trains the
@@ -44,20 +44,41 @@ except ImportError as exc:
 TRAINER = Path(__file__).resolve().parent.parent / "bench" / "trainer.py"
 
 STEPS = 2
-TIMEOUT = 300  # seconds for a whole leg: a hang fails the test, not the suite
+TIMEOUT = 300  # seconds for all the runs: a hang fails the test, not the suite
 # Paths whose counts depend on time, not on the requests made.
 TIMED = {"/api/v1/telemetry", "/api/v1/session_heartbeat"}
 
 
-def run_loop(tmp: Path, variants: list[str], faults: str, *extra: str) -> dict[str, dict]:
+# One process (bench/trainer.py --child): stock first (install() is not
+# undone between runs), each run against a fresh service with its schedule.
+RETRYABLE = "seed=2,rate=0.1"  # a few percent of each request kind: every retryable fault
+REJECT = "seed=1,rate=0,reject=0.2"  # prompts the service rejects with a 400 (not retried)
+ONE_OFF = "seed=1,rate=0,bad=0.15"  # a sample's request answered 400 once (not retried)
+RUNS = {
+    "stock": RETRYABLE,
+    "stock@failfast": REJECT,
+    "stock@retry": ONE_OFF,
+    "stock@minviable": ONE_OFF,
+    "installed": RETRYABLE,
+    "installed@failfast": REJECT,
+    "installed+coalesce": RETRYABLE,
+    "installed+coalesce@failfast": REJECT,
+    "installed+coalesce@retry": ONE_OFF,
+    "installed+coalesce@minviable": ONE_OFF,
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, dict]:
+    tmp = tmp_path_factory.mktemp("faults")
     record, out = tmp / "record", tmp / "out.json"
-    cmd = [sys.executable, str(TRAINER), "--child", "--workload", "tiny", "--variant", ";".join(variants)]
+    cmd = [sys.executable, str(TRAINER), "--child", "--workload", "tiny", "--variant", ";".join(RUNS)]
     cmd += ["--steps", str(STEPS), "--record", str(record), "--out", str(out), "--shared-prompt"]
-    cmd += ["--faults", faults, *extra]
+    cmd += ["--faults", ";".join(RUNS.values())]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(out.read_text())
-    assert [r["variant"] for r in results] == variants
+    assert [r["variant"] for r in results] == list(RUNS)
     for i, r in enumerate(results):
         r["bodies"] = datum_sets(record / str(i))
     return {r["variant"]: r for r in results}
@@ -93,24 +114,17 @@ def fault_kinds(run: dict) -> set[str]:
 # ---------------------------------------------------------------------------
 # retryable faults: nothing lost, nothing different
 
-RETRYABLE = ["stock", "installed", "installed+coalesce"]
 
-
-@pytest.fixture(scope="module")
-def retryable(tmp_path_factory):
-    return run_loop(tmp_path_factory.mktemp("retryable"), RETRYABLE, "seed=1,rate=0.1")
-
-
-def test_the_schedule_faults_every_kind_of_request(retryable):
-    stock = retryable["stock"]
+def test_the_schedule_faults_every_kind_of_request(runs):
+    stock = runs["stock"]
     faulted = {path for path, v in stock["requests"]["paths"].items() if v["faults"]}
     assert {"/api/v1/asample", "/api/v1/retrieve_future"} <= faulted, stock["requests"]
-    assert len(fault_kinds(stock)) >= 6, stock["requests"]
+    assert len(fault_kinds(stock)) >= 5, stock["requests"]
     assert sum(v["retried"] for v in requests(stock).values()) > 0
 
 
-def test_installed_meets_the_faults_as_stock(retryable):
-    stock, installed = retryable["stock"], retryable["installed"]
+def test_installed_meets_the_faults_as_stock(runs):
+    stock, installed = runs["stock"], runs["installed"]
     assert stock["error"] is None and installed["error"] is None
     # received, retried, answered and faults by kind, per path
     assert requests(installed) == requests(stock)
@@ -119,8 +133,8 @@ def test_installed_meets_the_faults_as_stock(retryable):
     assert len(installed["metrics"]) == len(stock["metrics"]) == STEPS
 
 
-def test_coalesced_trains_the_same_datums_from_fewer_requests(retryable):
-    stock, coalesced = retryable["stock"], retryable["installed+coalesce"]
+def test_coalesced_trains_the_same_datums_from_fewer_requests(runs):
+    stock, coalesced = runs["stock"], runs["installed+coalesce"]
     assert coalesced["error"] is None and coalesced["coalesced"]["merged_requests"] > 0
     assert coalesced["requests"]["samples"] == stock["requests"]["samples"]
     assert coalesced["bodies"] == stock["bodies"]
@@ -130,31 +144,36 @@ def test_coalesced_trains_the_same_datums_from_fewer_requests(retryable):
 
 
 # ---------------------------------------------------------------------------
-# a non-retryable fault: the same exception class, no hang
+# a non-retryable fault: the same exception class, no hang (TIMEOUT)
 
 
-def test_a_rejected_prompt_fails_every_variant_as_stock(tmp_path):
-    runs = run_loop(tmp_path, RETRYABLE, "seed=1,rate=0,reject=0.2")
-    stock = runs["stock"]
+@pytest.mark.parametrize("variant", ["installed@failfast", "installed+coalesce@failfast"])
+def test_a_rejected_prompt_fails_as_stock(runs, variant):
+    stock = runs["stock@failfast"]
     assert stock["error"] is not None and "reject" in fault_kinds(stock)
-    for variant in RETRYABLE[1:]:
-        assert runs[variant]["error"] == stock["error"], (variant, runs[variant]["error"])
+    assert runs[variant]["error"] == stock["error"]
+    if variant == "installed@failfast":
+        assert requests(runs[variant]) == requests(stock)
 
 
 # ---------------------------------------------------------------------------
 # rollout_error_tolerance: a merged request's failure is no wider than one
 # sample's
 
-TOLERANT = ["stock@retry", "stock@minviable", "installed+coalesce@retry", "installed+coalesce@minviable"]
+
+@pytest.mark.parametrize("strategy", ["retry", "minviable"])
+def test_coalesced_sampling_trains_stocks_datums_under_a_tolerance_strategy(runs, strategy):
+    # MinViableGroup retries a failure only while the group is below its
+    # floor: which trajectories finished first is timing, in stock as here
+    # (the one-off 400s come back before any trajectory finishes).
+    stock, coalesced = runs[f"stock@{strategy}"], runs[f"installed+coalesce@{strategy}"]
+    assert stock["error"] is None and coalesced["error"] is None
+    assert "bad" in fault_kinds(stock) and "bad" in fault_kinds(coalesced)
+    assert datums(coalesced) == datums(stock)
+    assert coalesced["bodies"] == stock["bodies"]
 
 
-def test_coalesced_sampling_trains_stocks_datums_under_the_tolerance_strategies(tmp_path):
-    runs = run_loop(tmp_path, TOLERANT, "seed=1,rate=0,bad=0.15")
-    for strategy in ("retry", "minviable"):
-        stock, coalesced = runs[f"stock@{strategy}"], runs[f"installed+coalesce@{strategy}"]
-        assert stock["error"] is None and coalesced["error"] is None
-        assert "bad" in fault_kinds(stock) and "bad" in fault_kinds(coalesced)
-        assert datums(coalesced) == datums(stock), strategy
-        assert coalesced["bodies"] == stock["bodies"], strategy
-    # merged requests did fail (their callers were sent again alone)
-    assert runs["installed+coalesce@minviable"]["coalesced"]["split_requests"] > 0
+def test_merged_requests_failed_and_were_sent_again_alone(runs):
+    # counts() is the process's: the last run's holds the earlier ones'
+    counts = runs["installed+coalesce@minviable"]["coalesced"]
+    assert counts["split_requests"] > 0 and counts["split_calls"] >= 2 * counts["split_requests"]
