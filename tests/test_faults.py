@@ -171,6 +171,14 @@ def test_coalesced_sampling_trains_stocks_datums_under_a_tolerance_strategy(runs
     assert "bad" in fault_kinds(stock) and "bad" in fault_kinds(coalesced)
     assert datums(coalesced) == datums(stock)
     assert coalesced["bodies"] == stock["bodies"]
+    # Per step: the same episodes; trajectory errors no more than stock's
+    # (a merged request's failure is no trajectory's when its callers then
+    # succeed alone) and no group skipped where stock skipped none.
+    for ours, theirs in zip(coalesced["metrics"], stock["metrics"], strict=True):
+        assert ours["env/all/total_episodes"] == theirs["env/all/total_episodes"]
+        assert ours.get("rollout_errors/total", 0) <= theirs.get("rollout_errors/total", 0)
+        assert ours.get("rollout_errors/groups_skipped", 0) <= theirs.get("rollout_errors/groups_skipped", 0)
+    assert any("rollout_errors/total" in m for m in stock["metrics"])  # stock met failures
 
 
 def test_merged_requests_failed_and_were_sent_again_alone(runs):
