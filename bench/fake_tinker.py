@@ -6,7 +6,9 @@ trainer's process holds the client alone. Sampling returns seeded random
 tokens with logprobs: each sample's draw (and sequence id) depends only on
 the request's prompt and sampling parameters and on how many samples of
 that prompt came before it, so k requests of one sample and one request of
-k samples (coalesced sampling) get the same draws. forward_backward parses
+k samples (coalesced sampling) get the same draws (with faults, the draws of
+a sample future that never answers, 410 or failed, go to the next samples
+of its prompt: a resubmission draws what the lost request would have). forward_backward parses
 the protobuf body and answers one float32 logprob per target position,
 each Datum's seeded by its own target tokens; with --record DIR it writes every
 forward_backward body to DIR/fwdbwd-<seq_id>.pb, and when it stops, the
@@ -146,7 +148,8 @@ class Service:
         self.record = record
         self.futures: dict[str, tuple[str, Any]] = {}
         self.next_id = 0
-        self.seen: dict[int, int] = {}  # sample content key -> requests so far
+        self.seen: dict[int, int] = {}  # sample content key -> samples drawn so far
+        self.freed: dict[int, list[int]] = {}  # sample content key -> draws given back (410, failed)
         self.base_model = "fake/model"
         self.sessions = 0
         self.unknown: list[str] = []
@@ -221,11 +224,11 @@ class Service:
                 identity = (req.get("sampling_session_id"), req.get("seq_id"))
                 content, _, _ = self._sample_key(req)
                 done = self.done.get((name, identity))
-                first = done["_index"] if done else self.seen.get(content, 0)
+                draws = done["_draws"] if done else self._draws(content, int(req.get("num_samples", 1)))
                 # One key per sample: a request of k samples meets the
                 # faults of each of its samples' requests alone (coalesced
                 # sampling meets the faults unmerged requests meet).
-                keys = [f"{content:08x}/{first + i}" for i in range(int(req.get("num_samples", 1)))]
+                keys = [f"{content:08x}/{i}" for i in draws]
             else:
                 identity = (req.get("model_id"), req.get("seq_id"))
                 keys = [f"optim/{req.get('seq_id')}"]
@@ -259,7 +262,7 @@ class Service:
             self._count(name, kind)
             return 400, "application/json", json.dumps({"error": f"{kind} request (fake_tinker fault)"}).encode(), {}
         if kind == "failed":
-            self.futures.pop(identity, None)
+            self._give_back(identity)
             self._count(name, "failed")
             return (*self._json({"error": "sampling failed (fake_tinker fault)", "category": "server"}), {})
         if name == "/api/v1/retrieve_future":
@@ -283,7 +286,7 @@ class Service:
         if kind == "complete_metadata":
             return (*self._json({"status": "complete_metadata", "response_payload_size": 1024}), {})
         if kind == "410":
-            self.futures.pop(identity, None)
+            self._give_back(identity)
             return 410, "application/json", b'{"error": "promise expired (fake_tinker fault)"}', {}
         if kind == "closed":
             return 0, "", b"", {"close": True}
@@ -293,20 +296,20 @@ class Service:
             if entry is not None:
                 self.futures[identity] = entry  # the answer was lost: the future stays
                 if entry[0] == "sample":
-                    self.samples -= entry[1][2]
+                    self.samples -= len(entry[1][1])
             return (*out, {"close": True})
         if name == "/api/v1/retrieve_future":
             out = self.answer("POST", name, body)
             return (*out, {"delay": faults.slow} if kind == "slow" else {})
         done = self.done.get((name, identity))
         if done is not None:  # a lost answer's request again: the same answer
-            out = self._json({k: v for k, v in done.items() if k != "_index"})
+            out = self._json({k: v for k, v in done.items() if k != "_draws"})
         else:
             out = self.answer("POST", name, body, keys)
             if out[0] == 200:
                 answer = json.loads(out[2])
                 if name == "/api/v1/asample":
-                    answer["_index"] = int(keys[0].split("/")[1])
+                    answer["_draws"] = [int(k.split("/")[1]) for k in keys]
                 self.done[(name, identity)] = answer
         if kind == "lost":
             return (*out, {"close": True})
@@ -394,23 +397,41 @@ class Service:
         head = f"{max_tokens}|{params.get('temperature')}|".encode()
         return zlib.crc32(array("i", tokens).tobytes(), zlib.crc32(head)), max_tokens, tokens
 
+    def _draws(self, key: int, n: int, take: bool = False) -> list[int]:
+        """The draws of the next n samples of this prompt: those given back
+        first (smallest first), then new ones."""
+        freed = sorted(self.freed.get(key, ()))
+        start = self.seen.get(key, 0)
+        draws = freed[:n] + list(range(start, start + n - len(freed[:n])))
+        if take:
+            self.freed[key] = freed[n:]
+            self.seen[key] = start + n - len(freed[:n])
+        return draws
+
+    def _give_back(self, rid: Any) -> None:
+        """A sample future that will never answer (410, failed): its draws
+        go to the next samples of its prompt, as if it had not been asked
+        (the resubmission draws what the lost request would have)."""
+        entry = self.futures.pop(rid, None)
+        if entry is not None and entry[0] == "sample":
+            self.freed.setdefault(entry[1][0], []).extend(entry[1][1])
+
     def asample(self, req: dict[str, Any], fault_key: list[str] | None = None) -> dict[str, Any]:
         n = int(req.get("num_samples", 1))
         # Each sample is drawn by (prompt, parameters, how many of that
         # prompt came before): k requests of one sample and one request of
         # k samples get the same draws (coalesced sampling is comparable).
         key, max_tokens, tokens = self._sample_key(req)
-        k = self.seen.get(key, 0)
-        self.seen[key] = k + n
-        ids = [f"seq-{key:08x}-{k + i}" for i in range(n)]
+        draws = self._draws(key, n, take=True)
+        ids = [f"seq-{key:08x}-{i}" for i in draws]
         scored = len(tokens) if req.get("prompt_logprobs") else 0
-        return self._future("sample", (key, k, n, max_tokens, scored), fault_key, sample_sequence_ids=ids)
+        return self._future("sample", (key, tuple(draws), max_tokens, scored), fault_key, sample_sequence_ids=ids)
 
-    def sample_response(self, key: int, k: int, n: int, max_tokens: int, scored: int = 0) -> bytes:
+    def sample_response(self, key: int, draws: tuple[int, ...], max_tokens: int, scored: int = 0) -> bytes:
         np, pb = self.np, self.pb
         msg = pb.SampleResponse()
-        for i in range(n):
-            rng = np.random.default_rng([self.seed, key, k + i])
+        for draw in draws:
+            rng = np.random.default_rng([self.seed, key, draw])
             seq = msg.sequences.add()
             seq.stop_reason = pb.STOP_REASON_LENGTH
             seq.tokens = rng.integers(0, VOCAB, max_tokens, dtype=np.int32).tobytes()
@@ -456,7 +477,7 @@ class Service:
             return 410, "application/json", b'{"error": "no such future"}'
         kind, payload = entry
         if kind == "sample":
-            self.samples += payload[2]
+            self.samples += len(payload[1])
             return 200, "application/x-protobuf", self.sample_response(*payload)
         if kind == "proto":
             return 200, "application/x-protobuf", payload

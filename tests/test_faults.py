@@ -51,7 +51,7 @@ TIMED = {"/api/v1/telemetry", "/api/v1/session_heartbeat"}
 
 # One process (bench/trainer.py --child): stock first (install() is not
 # undone between runs), each run against a fresh service with its schedule.
-RETRYABLE = "seed=2,rate=0.1"  # a few percent of each request kind: every retryable fault
+RETRYABLE = "seed=3,rate=0.15"  # every retryable fault but 408 and 500 (503 is), on every faulted path
 REJECT = "seed=1,rate=0,reject=0.2"  # prompts the service rejects with a 400 (not retried)
 ONE_OFF = "seed=1,rate=0,bad=0.15"  # a sample's request answered 400 once (not retried)
 RUNS = {
