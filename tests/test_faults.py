@@ -26,9 +26,10 @@ coalesced runs' request counts (fewer requests, each of k samples meeting
 the faults of its k samples). MinViableGroup's outcome depends on which
 trajectories finish first, in stock as in the variants.
 
-Cost: one process, ten runs of 2 steps; about 25 s of CPU (most of it the
-imports), and 35-60 s of wall on two cores (tinker's own retry backoffs
-are most of it), the runs themselves 25-35 s.
+Cost: one process, ten runs of 2 steps; about 25 s of CPU (a third of it
+the imports); the runs' own wall adds up to 25-35 s, most of it tinker's
+retry backoffs (1 s and more per retried request); the whole file took
+55-125 s of wall on two cores shared with three other test streams.
 """
 
 from __future__ import annotations
