@@ -6,13 +6,27 @@ trainer's process holds the client alone. Sampling returns seeded random
 tokens with logprobs: each sample's draw (and sequence id) depends only on
 the request's prompt and sampling parameters and on how many samples of
 that prompt came before it, so k requests of one sample and one request of
-k samples (coalesced sampling) get the same draws. forward_backward parses
+k samples (coalesced sampling) get the same draws (with faults, the draws of
+a sample future that never answers, 410 or failed, go to the next samples
+of its prompt: a resubmission draws what the lost request would have). forward_backward parses
 the protobuf body and answers one float32 logprob per target position,
 each Datum's seeded by its own target tokens; with --record DIR it writes every
-forward_backward body to DIR/fwdbwd-<seq_id>.pb. The server exits when its
-parent process dies or after --timeout seconds.
+forward_backward body to DIR/fwdbwd-<seq_id>.pb, and when it stops, the
+requests it received, retried and answered per path to DIR/requests.json
+(`Service.tally`). The server exits when its parent process dies, on
+SIGTERM or after --timeout seconds.
 
-    python bench/fake_tinker.py [--seed N] [--record DIR] [--timeout S] [--parent-pid PID]
+With --faults SPEC (opt-in; `FakeTinker(faults=SPEC)`), a seeded schedule
+of faults (`Faults`): HTTP 500/503, 429 with Retry-After, 408, an empty-body
+400, a closed connection, a lost response (done, then the connection
+closed unanswered), a slow answer, `try_again` and `complete_metadata`
+polls, 410 on a sample future, and, only where asked, non-retryable 400s
+and failed futures. Whether a request is faulted depends only on the seed,
+its path, what it asks for and how many times that was asked before, not
+on arrival order or timing: two runs sending the same requests see the
+same faults.
+
+    python bench/fake_tinker.py [--seed N] [--record DIR] [--faults SPEC] [--timeout S] [--parent-pid PID]
 
 prints `port <N>` on stdout once it listens. From Python, `FakeTinker()` is
 a context manager that starts it and gives `base_url`.
@@ -22,8 +36,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -36,38 +52,279 @@ VOCAB = 151_000
 MODEL_ID = "fake-model-0"
 
 
+# Paths the schedule faults and the kinds each may get. 410 and
+# complete_metadata only where tinker's client handles them (a sample's
+# future; a poll that allows a metadata-only answer), else try_again.
+FAULT_PATHS = {
+    "/api/v1/asample": ("500", "503", "429", "408", "closed", "lost", "slow"),
+    "/api/v1/retrieve_future": (
+        "500", "503", "429", "408", "empty400", "try_again", "complete_metadata", "410", "closed", "lost", "slow",
+    ),
+    "/api/v1/forward_backward": ("500", "503", "429", "408", "closed", "lost", "slow"),
+    "/api/v1/optim_step": ("500", "503", "429", "408", "closed", "lost", "slow"),
+}
+
+
+class Faults:
+    """A seeded fault schedule. SPEC is `SEED` or comma-separated
+    `key=value`s:
+
+      seed=N      the schedule's seed (default 0)
+      rate=R      each request on a FAULT_PATHS path is answered with one of
+                  its retryable faults with probability R (default 0.05)
+      kinds=A+B   only these kinds (default: all of the path's)
+      bad=R       an asample is answered 400 with a body (tinker raises
+                  BadRequestError, no retry) with probability R, per attempt
+      reject=R    a prompt (with its sampling parameters) is rejected: every
+                  asample of it answered 400 with a body, with probability R
+      failed=R    a sample's future answers {"error", "category": "server"}
+                  (tinker raises RequestFailedError) with probability R
+      slow=S      a slow answer waits S seconds (default 0.2)
+
+    A request's draws are hashes of (seed, path, key, attempt) for each of
+    its keys: what it asks for (an asample's prompt and parameters with the
+    index of each sample it asks for; a forward_backward's or optim_step's
+    seq_id; a poll's, its future's keys) and how many requests with that
+    key came before on that path, so the schedule does not depend on
+    arrival order; a request of k samples meets the faults of its k
+    samples' requests alone (the first one drawn).
+    """
+
+    def __init__(self, spec: str) -> None:
+        opts = {"seed": spec} if spec.strip().lstrip("-").isdigit() else dict(
+            item.split("=", 1) for item in spec.split(",") if item
+        )
+        unknown = set(opts) - {"seed", "rate", "kinds", "bad", "reject", "failed", "slow"}
+        if unknown:
+            raise ValueError(f"unknown fault options {sorted(unknown)} in {spec!r}")
+        self.seed = int(opts.get("seed", 0))
+        self.rate = float(opts.get("rate", 0.05))
+        self.kinds = set(opts["kinds"].split("+")) if "kinds" in opts else None
+        self.bad = float(opts.get("bad", 0.0))
+        self.reject = float(opts.get("reject", 0.0))
+        self.failed = float(opts.get("failed", 0.0))
+        self.slow = float(opts.get("slow", 0.2))
+        self.attempts: dict[tuple[str, str], int] = {}
+
+    def draw(self, *parts: object) -> float:
+        digest = hashlib.blake2b("|".join(map(str, (self.seed, *parts))).encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") / 2**64
+
+    def attempt(self, path: str, key: str) -> int:
+        n = self.attempts.get((path, key), 0)
+        self.attempts[(path, key)] = n + 1
+        return n
+
+    def pick(self, path: str, key: str, attempt: int) -> str | None:
+        """The retryable fault for this request, if any."""
+        kinds = [k for k in FAULT_PATHS.get(path, ()) if self.kinds is None or k in self.kinds]
+        if not kinds or self.draw("fault", path, key, attempt) >= self.rate:
+            return None
+        return kinds[int(self.draw("kind", path, key, attempt) * len(kinds))]
+
+
+def _load_pb2() -> Any:
+    """tinker's protobuf messages, without importing the `tinker` package
+    (seconds of CPU per service started)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("tinker")
+    assert spec is not None and spec.submodule_search_locations
+    path = Path(next(iter(spec.submodule_search_locations))) / "proto" / "tinker_public_pb2.py"
+    module_spec = importlib.util.spec_from_file_location("tinker.proto.tinker_public_pb2", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
 class Service:
-    def __init__(self, seed: int, record: Path | None) -> None:
+    def __init__(self, seed: int, record: Path | None, faults: Faults | None = None) -> None:
         import numpy as np
-        from tinker.proto import tinker_public_pb2 as pb
 
         self.np = np
-        self.pb = pb
+        self.pb = _load_pb2()
         self.seed = seed
         self.record = record
         self.futures: dict[str, tuple[str, Any]] = {}
         self.next_id = 0
-        self.seen: dict[int, int] = {}  # sample content key -> requests so far
+        self.seen: dict[int, int] = {}  # sample content key -> samples drawn so far
+        self.freed: dict[int, list[int]] = {}  # sample content key -> draws given back (410, failed)
         self.base_model = "fake/model"
         self.sessions = 0
-        self.counts: dict[str, int] = {}
         self.unknown: list[str] = []
+        self.faults = faults
+        # Per path: requests received, of them retried (one already received
+        # with the same seq_id / future id), answered (a 200 sent), faults
+        # by kind; samples: sequences sent in sample results.
+        self.tally: dict[str, dict[str, Any]] = {}
+        self.identities: set[tuple[str, Any]] = set()
+        self.done: dict[tuple[str, Any], dict[str, Any]] = {}  # answers already made (a lost one resent)
+        self.fault_keys: dict[str, list[str]] = {}  # future id -> its keys in the schedule
+        self.path_futures: dict[str, int] = {}
+        self.current = ""
+        self.samples = 0
 
-    def _future(self, kind: str, payload: Any, **extra: Any) -> dict[str, Any]:
+    def _count(self, path: str, what: str, n: int = 1) -> None:
+        entry = self.tally.setdefault(path, {"received": 0, "retried": 0, "answered": 0, "faults": {}})
+        if what in ("received", "retried", "answered"):
+            entry[what] += n
+        else:
+            entry["faults"][what] = entry["faults"].get(what, 0) + n
+
+    def tally_json(self) -> dict[str, Any]:
+        """What `requests.json` holds: per path, requests received, retried,
+        answered and faulted by kind; sequences sampled; the schedule."""
+        faults = None if self.faults is None else {k: v for k, v in vars(self.faults).items() if k != "attempts"}
+        if faults is not None and faults["kinds"] is not None:
+            faults["kinds"] = sorted(faults["kinds"])
+        return {"paths": self.tally, "samples": self.samples, "faults": faults}
+
+    def _future(self, kind: str, payload: Any, fault_key: list[str] | None = None, **extra: Any) -> dict[str, Any]:
         self.next_id += 1
         rid = f"req-{self.next_id}"
         self.futures[rid] = (kind, payload)
+        if self.faults is not None:
+            if fault_key is None:  # keyed by its path and how many futures that path made before
+                n = self.path_futures[self.current] = self.path_futures.get(self.current, 0) + 1
+                fault_key = [f"{self.current}#{n}"]
+            self.fault_keys[rid] = fault_key
         return {"request_id": rid, **extra}
 
-    # Each handler returns (status, content type, body bytes).
-    def handle(self, method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+    def handle(self, method: str, path: str, body: bytes) -> tuple[int, str, bytes, dict[str, Any]]:
+        """(status, content type, body, how): `how` may ask to close the
+        connection unanswered (`close`), answer late (`delay`) or add
+        headers (`headers`)."""
         name = path.split("?", 1)[0]
-        self.counts[name] = self.counts.get(name, 0) + 1
+        self._count(name, "received")
+        if self.faults is not None and name in FAULT_PATHS:
+            out = self.faulted(name, body)
+        else:
+            out = (*self.answer(method, name, body), {})
+        if out[0] == 200 and not out[3].get("close"):
+            self._count(name, "answered")
+        return out
+
+    def faulted(self, name: str, body: bytes) -> tuple[int, str, bytes, dict[str, Any]]:
+        faults = self.faults
+        assert faults is not None
+        # The request's identity (retried when seen before) and its key in the schedule.
         if name == "/api/v1/forward_backward":
-            return self._json(self.forward_backward(body))
+            msg = self.pb.ForwardBackwardRequest()
+            msg.ParseFromString(body)
+            identity: Any = (msg.model_id, msg.seq_id)
+            keys = [f"fwdbwd/{msg.seq_id}"]
+            req: dict[str, Any] = {}
+        else:
+            req = json.loads(body) if body else {}
+            if name == "/api/v1/retrieve_future":
+                identity = req.get("request_id")
+                keys = self.fault_keys.get(identity, [str(identity)])
+            elif name == "/api/v1/asample":
+                identity = (req.get("sampling_session_id"), req.get("seq_id"))
+                content, _, _ = self._sample_key(req)
+                done = self.done.get((name, identity))
+                draws = done["_draws"] if done else self._draws(content, int(req.get("num_samples", 1)))
+                # One key per sample: a request of k samples meets the
+                # faults of each of its samples' requests alone (coalesced
+                # sampling meets the faults unmerged requests meet).
+                keys = [f"{content:08x}/{i}" for i in draws]
+            else:
+                identity = (req.get("model_id"), req.get("seq_id"))
+                keys = [f"optim/{req.get('seq_id')}"]
+        if (name, json.dumps(identity)) in self.identities:
+            self._count(name, "retried")
+        self.identities.add((name, json.dumps(identity)))
+        # Each key in order, as its own request would: the first faulted
+        # one fails the request (its attempt counted, the later keys' not:
+        # they were never asked alone); none faulted, every key's counted.
+        kind = None
+        for key in keys:
+            attempt = faults.attempts.get((name, key), 0)
+            if name == "/api/v1/asample" and faults.reject and faults.draw("reject", key.split("/")[0]) < faults.reject:
+                kind = "reject"
+            elif name == "/api/v1/asample" and faults.bad and faults.draw("bad", key, attempt) < faults.bad:
+                kind = "bad"
+            elif (
+                name == "/api/v1/retrieve_future" and faults.failed and self.futures.get(identity, ("",))[0] == "sample"
+                and faults.draw("failed", key, attempt) < faults.failed
+            ):
+                kind = "failed"
+            else:
+                kind = faults.pick(name, key, attempt)
+            if kind is not None:
+                faults.attempt(name, key)
+                break
+        else:
+            for key in keys:
+                faults.attempt(name, key)
+        if kind in ("reject", "bad"):
+            self._count(name, kind)
+            return 400, "application/json", json.dumps({"error": f"{kind} request (fake_tinker fault)"}).encode(), {}
+        if kind == "failed":
+            self._give_back(identity)
+            self._count(name, "failed")
+            return (*self._json({"error": "sampling failed (fake_tinker fault)", "category": "server"}), {})
+        if name == "/api/v1/retrieve_future":
+            entry = self.futures.get(identity)
+            if kind == "410" and (entry is None or entry[0] != "sample"):
+                kind = "try_again"
+            if kind == "complete_metadata" and not req.get("allow_metadata_only"):
+                kind = "try_again"
+        if kind is not None:
+            self._count(name, kind)
+        if kind in ("500", "503"):
+            return int(kind), "application/json", b'{"error": "fake_tinker fault"}', {}
+        if kind == "429":
+            return 429, "application/json", b'{"error": "rate limited (fake_tinker fault)"}', {"headers": {"retry-after": "1"}}
+        if kind == "408":
+            return 408, "application/json", b'{"type": "try_again", "queue_state": "active"}', {}
+        if kind == "empty400":
+            return 400, "application/json", b"", {}
+        if kind == "try_again":
+            return (*self._json({"type": "try_again", "request_id": identity, "queue_state": "active"}), {})
+        if kind == "complete_metadata":
+            return (*self._json({"status": "complete_metadata", "response_payload_size": 1024}), {})
+        if kind == "410":
+            self._give_back(identity)
+            return 410, "application/json", b'{"error": "promise expired (fake_tinker fault)"}', {}
+        if kind == "closed":
+            return 0, "", b"", {"close": True}
+        if name == "/api/v1/retrieve_future" and kind == "lost":
+            entry = self.futures.get(identity)
+            out = self.answer("POST", name, body)
+            if entry is not None:
+                self.futures[identity] = entry  # the answer was lost: the future stays
+                if entry[0] == "sample":
+                    self.samples -= len(entry[1][1])
+            return (*out, {"close": True})
+        if name == "/api/v1/retrieve_future":
+            out = self.answer("POST", name, body)
+            return (*out, {"delay": faults.slow} if kind == "slow" else {})
+        done = self.done.get((name, identity))
+        if done is not None:  # a lost answer's request again: the same answer
+            out = self._json({k: v for k, v in done.items() if k != "_draws"})
+        else:
+            out = self.answer("POST", name, body, keys)
+            if out[0] == 200:
+                answer = json.loads(out[2])
+                if name == "/api/v1/asample":
+                    answer["_draws"] = [int(k.split("/")[1]) for k in keys]
+                self.done[(name, identity)] = answer
+        if kind == "lost":
+            return (*out, {"close": True})
+        if kind == "slow":
+            return (*out, {"delay": faults.slow})
+        return (*out, {})
+
+    # Each handler returns (status, content type, body bytes).
+    def answer(self, method: str, name: str, body: bytes, fault_key: list[str] | None = None) -> tuple[int, str, bytes]:
+        self.current = name
+        if name == "/api/v1/forward_backward":
+            return self._json(self.forward_backward(body, fault_key))
         req = json.loads(body) if body else {}
         if name == "/api/v1/asample":
-            return self._json(self.asample(req))
+            return self._json(self.asample(req, fault_key))
         if name == "/api/v1/retrieve_future":
             return self.retrieve(req)
         if name in ("/api/v1/client/config", "/api/v1/client/dynamic_config"):
@@ -100,7 +357,9 @@ class Service:
             )
         if name == "/api/v1/optim_step":
             lr = float((req.get("adam_params") or {}).get("learning_rate", 0.0))
-            return self._json(self._future("json", {"metrics": {"optim/fake_lr": lr}}, model_id=MODEL_ID))
+            return self._json(
+                self._future("json", {"metrics": {"optim/fake_lr": lr}}, fault_key, model_id=MODEL_ID)
+            )
         if name == "/api/v1/save_weights_for_sampler":
             seq = req.get("seq_id", 0)
             out: dict[str, Any] = {"type": "save_weights_for_sampler"}
@@ -128,29 +387,51 @@ class Service:
     def _json(obj: Any) -> tuple[int, str, bytes]:
         return 200, "application/json", json.dumps(obj).encode()
 
-    def asample(self, req: dict[str, Any]) -> dict[str, Any]:
+    @staticmethod
+    def _sample_key(req: dict[str, Any]) -> tuple[int, int, list[int]]:
         tokens: list[int] = []
         for chunk in req["prompt"]["chunks"]:
             tokens.extend(chunk.get("tokens", ()))
         params = req.get("sampling_params", {})
-        n = int(req.get("num_samples", 1))
         max_tokens = int(params.get("max_tokens") or 16)
+        head = f"{max_tokens}|{params.get('temperature')}|".encode()
+        return zlib.crc32(array("i", tokens).tobytes(), zlib.crc32(head)), max_tokens, tokens
+
+    def _draws(self, key: int, n: int, take: bool = False) -> list[int]:
+        """The draws of the next n samples of this prompt: those given back
+        first (smallest first), then new ones."""
+        freed = sorted(self.freed.get(key, ()))
+        start = self.seen.get(key, 0)
+        draws = freed[:n] + list(range(start, start + n - len(freed[:n])))
+        if take:
+            self.freed[key] = freed[n:]
+            self.seen[key] = start + n - len(freed[:n])
+        return draws
+
+    def _give_back(self, rid: Any) -> None:
+        """A sample future that will never answer (410, failed): its draws
+        go to the next samples of its prompt, as if it had not been asked
+        (the resubmission draws what the lost request would have)."""
+        entry = self.futures.pop(rid, None)
+        if entry is not None and entry[0] == "sample":
+            self.freed.setdefault(entry[1][0], []).extend(entry[1][1])
+
+    def asample(self, req: dict[str, Any], fault_key: list[str] | None = None) -> dict[str, Any]:
+        n = int(req.get("num_samples", 1))
         # Each sample is drawn by (prompt, parameters, how many of that
         # prompt came before): k requests of one sample and one request of
         # k samples get the same draws (coalesced sampling is comparable).
-        head = f"{max_tokens}|{params.get('temperature')}|".encode()
-        key = zlib.crc32(array("i", tokens).tobytes(), zlib.crc32(head))
-        k = self.seen.get(key, 0)
-        self.seen[key] = k + n
-        ids = [f"seq-{key:08x}-{k + i}" for i in range(n)]
+        key, max_tokens, tokens = self._sample_key(req)
+        draws = self._draws(key, n, take=True)
+        ids = [f"seq-{key:08x}-{i}" for i in draws]
         scored = len(tokens) if req.get("prompt_logprobs") else 0
-        return self._future("sample", (key, k, n, max_tokens, scored), sample_sequence_ids=ids)
+        return self._future("sample", (key, tuple(draws), max_tokens, scored), fault_key, sample_sequence_ids=ids)
 
-    def sample_response(self, key: int, k: int, n: int, max_tokens: int, scored: int = 0) -> bytes:
+    def sample_response(self, key: int, draws: tuple[int, ...], max_tokens: int, scored: int = 0) -> bytes:
         np, pb = self.np, self.pb
         msg = pb.SampleResponse()
-        for i in range(n):
-            rng = np.random.default_rng([self.seed, key, k + i])
+        for draw in draws:
+            rng = np.random.default_rng([self.seed, key, draw])
             seq = msg.sequences.add()
             seq.stop_reason = pb.STOP_REASON_LENGTH
             seq.tokens = rng.integers(0, VOCAB, max_tokens, dtype=np.int32).tobytes()
@@ -161,7 +442,7 @@ class Service:
             msg.prompt_logprobs = prompt.tobytes()
         return msg.SerializeToString()
 
-    def forward_backward(self, body: bytes) -> dict[str, Any]:
+    def forward_backward(self, body: bytes, fault_key: list[str] | None = None) -> dict[str, Any]:
         np, pb = self.np, self.pb
         msg = pb.ForwardBackwardRequest()
         msg.ParseFromString(body)
@@ -188,7 +469,7 @@ class Service:
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(np.asarray(lengths, dtype=np.int64) * 4, out=offsets[1:])
         field.offsets = offsets.tobytes()
-        return self._future("proto", out.SerializeToString(), model_id=MODEL_ID)
+        return self._future("proto", out.SerializeToString(), fault_key, model_id=MODEL_ID)
 
     def retrieve(self, req: dict[str, Any]) -> tuple[int, str, bytes]:
         entry = self.futures.pop(req["request_id"], None)
@@ -196,10 +477,17 @@ class Service:
             return 410, "application/json", b'{"error": "no such future"}'
         kind, payload = entry
         if kind == "sample":
+            self.samples += len(payload[1])
             return 200, "application/x-protobuf", self.sample_response(*payload)
         if kind == "proto":
             return 200, "application/x-protobuf", payload
         return self._json(payload)
+
+
+REASONS = {
+    200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 410: "Gone",
+    429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable",
+}
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -242,17 +530,30 @@ class HttpProtocol(asyncio.Protocol):
 
                 body = zstandard.ZstdDecompressor().decompress(body)
             try:
-                status, ctype, out = self.service.handle(method, path, body)
+                status, ctype, out, how = self.service.handle(method, path, body)
             except Exception as exc:  # a bug here must show, not hang the client
                 print(f"fake_tinker: {method} {path}: {exc!r}", file=sys.stderr, flush=True)
-                status, ctype, out = 500, "application/json", json.dumps({"error": repr(exc)}).encode()
-            reason = {200: "OK", 404: "Not Found", 410: "Gone", 500: "Internal Server Error"}[status]
+                status, ctype, out, how = 500, "application/json", json.dumps({"error": repr(exc)}).encode(), {}
             assert self.transport is not None
-            self.transport.write(
-                f"HTTP/1.1 {status} {reason}\r\ncontent-type: {ctype}\r\n"
+            if how.get("close"):  # a closed connection, or a lost answer
+                self.transport.close()
+                self.buf.clear()
+                return
+            reason = REASONS[status]
+            headers = "".join(f"{k}: {v}\r\n" for k, v in how.get("headers", {}).items())
+            reply = (
+                f"HTTP/1.1 {status} {reason}\r\ncontent-type: {ctype}\r\n{headers}"
                 f"content-length: {len(out)}\r\n\r\n".encode()
                 + out
             )
+            if how.get("delay"):
+                asyncio.get_running_loop().call_later(how["delay"], self._write, reply)
+            else:
+                self.transport.write(reply)
+
+    def _write(self, reply: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(reply)
 
     def _chunked(self, start: int) -> tuple[bytes | None, int]:
         body = bytearray()
@@ -274,34 +575,46 @@ async def serve(args: argparse.Namespace) -> None:
     record = Path(args.record) if args.record else None
     if record is not None:
         record.mkdir(parents=True, exist_ok=True)
-    service = Service(args.seed, record)
+    service = Service(args.seed, record, Faults(args.faults) if args.faults else None)
     loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
     server = await loop.create_server(lambda: HttpProtocol(service), "127.0.0.1", args.port, backlog=1024)
     port = server.sockets[0].getsockname()[1]
     print(f"port {port}", flush=True)
     deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
+    while time.monotonic() < deadline and not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), 0.5)
+        except asyncio.TimeoutError:
+            pass
         if args.parent_pid and os.getppid() != args.parent_pid:
             break
     server.close()
+    if record is not None:
+        (record / "requests.json").write_text(json.dumps(service.tally_json(), indent=1))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--record", default=None, help="write forward_backward bodies here")
+    p.add_argument("--record", default=None, help="write forward_backward bodies and requests.json here")
+    p.add_argument("--faults", default=None, help="a seeded fault schedule (see Faults): SEED or key=value,...")
     p.add_argument("--timeout", type=float, default=3600.0, help="exit after this many seconds")
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is no longer the parent")
     asyncio.run(serve(p.parse_args()))
 
 
 class FakeTinker:
-    """Starts the fake service in a child process; `base_url` once entered."""
+    """Starts the fake service in a child process; `base_url` once entered;
+    with `record`, `requests` (`Service.tally_json`) once exited."""
 
-    def __init__(self, seed: int = 0, record: Path | str | None = None, timeout: float = 3600.0) -> None:
-        self.seed, self.record, self.timeout = seed, record, timeout
+    def __init__(
+        self, seed: int = 0, record: Path | str | None = None, timeout: float = 3600.0, faults: str | None = None
+    ) -> None:
+        self.seed, self.record, self.timeout, self.faults = seed, record, timeout, faults
+        self.requests: dict[str, Any] | None = None
         self.proc: subprocess.Popen[str] | None = None
         self.base_url = ""
         self.cpu_s = 0.0  # the service's CPU time, read when it stops
@@ -311,6 +624,8 @@ class FakeTinker:
         cmd += ["--parent-pid", str(os.getpid())]
         if self.record is not None:
             cmd += ["--record", str(self.record)]
+        if self.faults:
+            cmd += ["--faults", self.faults]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -333,6 +648,8 @@ class FakeTinker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            if self.record is not None and (Path(self.record) / "requests.json").exists():
+                self.requests = json.loads((Path(self.record) / "requests.json").read_text())
 
 
 if __name__ == "__main__":

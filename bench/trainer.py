@@ -19,6 +19,14 @@ process, variants alternating, --runs times:
                 --shared-prompt, a group's first sample calls go out as one
                 request (the fake service draws per sample, so the draws and
                 the bodies are stock's)
+  VARIANT@failfast, VARIANT@retry, VARIANT@minviable
+                VARIANT with rollout_error_tolerance FailFast,
+                RetryOnFailure, MinViableGroup (as --tolerance, per variant)
+
+With --faults SPEC the fake service answers by a seeded fault schedule
+(bench/fake_tinker.py `Faults`), each run's result has its requests per
+path (received, retried, answered, faults) and the class of the exception
+the run raised (then the next run goes on), or None.
 
 Per step: wall and client CPU (the process's, all threads), the rollout
 phase (dataset batch to the train step) and the train phase
@@ -128,6 +136,22 @@ def kl_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def tolerance_options(args: argparse.Namespace, tolerance: str | None) -> dict[str, Any]:
+    """The trainer's `rollout_error_tolerance` (--tolerance or a variant's
+    @suffix, --rollout-timeout)."""
+    if tolerance is None:
+        return {}
+    from tinker_cookbook.rl.rollout_strategy import FailFast, MinViableGroup, RetryOnFailure
+
+    timeout = args.rollout_timeout
+    strategy = {
+        "failfast": lambda: FailFast(),
+        "retry": lambda: RetryOnFailure(per_rollout_timeout=timeout or 0),
+        "minviable": lambda: MinViableGroup(per_rollout_timeout=timeout),
+    }[tolerance]()
+    return {"rollout_error_tolerance": strategy}
+
+
 def run_child(args: argparse.Namespace) -> None:
     probe = Probe()
     os.environ["TINKER_API_KEY"] = "tml-fake-bench-key"  # the fake service takes any key
@@ -180,11 +204,15 @@ def run_child(args: argparse.Namespace) -> None:
         record = args.record if len(variants) == 1 else str(Path(args.record) / str(i))
         probe.steps.clear()
         logged.clear()
-        results.append(run_variant(args, variant, record, probe, logged, train, FakeTinker))
+        faults = None
+        if args.faults:  # one schedule for all, or ";"-separated, one per variant
+            specs = args.faults.split(";")
+            faults = specs[i] if len(specs) == len(variants) else args.faults
+        results.append(run_variant(args, variant, record, probe, logged, train, FakeTinker, faults))
     Path(args.out).write_text(json.dumps(results if len(variants) > 1 else results[0]))
 
 
-def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict[str, Any]:
+def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=None) -> dict[str, Any]:
     import asyncio
     import resource
 
@@ -195,6 +223,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
     train.do_train_step_and_get_sampling_client = probe.cookbook_train_step
     collector = None
     label, variant = variant, variant.removesuffix(NO_HUGE_PAGES)
+    variant, _, tolerance = variant.partition("@")  # VARIANT@failfast|retry|minviable: its own --tolerance
     if variant != "stock":  # installed, installed+gc, installed+gc:key=value,...
         import tinker_rl_data.cookbook
         from tinker_rl_data.cookbook import gc_step as _gc_step
@@ -242,7 +271,8 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
     logging.getLogger("tinker_rl_data").setLevel(logging.INFO)
 
     workload = LOOP_WORKLOADS[args.workload]
-    with tempfile.TemporaryDirectory() as log_path, FakeTinker(seed=args.seed, record=record) as fake:
+    error = None
+    with tempfile.TemporaryDirectory() as log_path, FakeTinker(seed=args.seed, record=record, faults=faults) as fake:
         config = train.Config(
             learning_rate=1e-5,
             dataset_builder=TokenDatasetBuilder(
@@ -254,10 +284,15 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
             base_url=fake.base_url,
             recipe_name="bench_trainer",
             **kl_options(args),
+            **tolerance_options(args, tolerance or args.tolerance),
         )
         t0 = time.perf_counter()
         try:
             asyncio.run(train.main(config))
+        except Exception as exc:
+            if not args.faults:
+                raise
+            error = f"{type(exc).__module__}.{type(exc).__qualname__}"  # with --faults: reported, next variant
         finally:
             if collector is not None and collector is not _gc_step.COLLECTOR:
                 undo()
@@ -266,7 +301,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
     steps = []
     for s in probe.steps:
         m = s["marks"]
-        if "step_end" not in m:
+        if "step_end" not in m or "train_start" not in m:  # a batch the cookbook skipped (every group failed)
             continue
         steps.append(
             {
@@ -296,6 +331,8 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
         "python": sys.version.split()[0],
         "collector": None if collector is None else vars(collector.stats),
         "coalesced": coalesced_counts(),
+        "requests": fake.requests,  # per path, with --record: bench/fake_tinker.py's tally
+        "error": error,
         "installed": [] if variant == "stock" else [t for t, _ in tinker_rl_data.status().installed],
         "left_to_cookbook": left,
     }
@@ -437,6 +474,15 @@ def main() -> None:
         help="a group's members share the first prompt (as GRPO groups do); what installed+coalesce merges",
     )
     p.add_argument("--gc-config", default="{}", help="StepCollector arguments as JSON")
+    p.add_argument(
+        "--faults", default=None,
+        help="the fake service's seeded fault schedule (bench/fake_tinker.py Faults: SEED or key=value,...; "
+        "with --child, one per ';'-separated variant if as many); a run that raises is reported (its "
+        "exception class) and the next one runs",
+    )
+    p.add_argument("--tolerance", choices=("failfast", "retry", "minviable"), default=None,
+                   help="rollout_error_tolerance: FailFast, RetryOnFailure, MinViableGroup (default: the cookbook's)")
+    p.add_argument("--rollout-timeout", type=float, default=None, help="per_rollout_timeout of --tolerance")
     p.add_argument("--out", default=None, help="also write the table and raw results here (.md, .json)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
@@ -471,6 +517,9 @@ def main() -> None:
                     cmd += ["--kl-coef", str(args.kl_coef), "--kl-discount", str(args.kl_discount)]
                     cmd += [] if args.install_kl else ["--no-install-kl"]
                     cmd += ["--shared-prompt"] if args.shared_prompt else []
+                    cmd += ["--faults", args.faults] if args.faults else []
+                    cmd += ["--tolerance", args.tolerance] if args.tolerance else []
+                    cmd += ["--rollout-timeout", str(args.rollout_timeout)] if args.rollout_timeout else []
                     t0 = time.perf_counter()
                     env = {**os.environ, "TINKER_RL_DATA_HUGEPAGES": "0"} if v.endswith(NO_HUGE_PAGES) else None
                     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

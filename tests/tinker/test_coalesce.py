@@ -42,10 +42,13 @@ class FakeSample:
     ):
         future: Future = Future()
         self.calls.append((client, prompt, num_samples, sampling_params, include_prompt_logprobs, future))
-        if self.answer == "at once":
+        # answer: "at once", "later" (the test resolves it), an exception, or
+        # a function of (call number from 1, num_samples) giving one of those.
+        answer = self.answer(len(self.calls), num_samples) if callable(self.answer) else self.answer
+        if answer == "at once":
             future.set_result(response(num_samples, offset=100 * len(self.calls)))
-        elif isinstance(self.answer, BaseException):
-            future.set_exception(self.answer)
+        elif isinstance(answer, BaseException):
+            future.set_exception(answer)
         return _AwaitableFutureCompatWrapper(future)
 
 
@@ -97,24 +100,64 @@ def test_concurrent_identical_calls_become_one_request():
     tokens = [r.sequences[0].tokens for r in results]
     assert all(len(r.sequences) == 1 and r.prompt_cache_hit_tokens == 3 for r in results)
     assert sorted(tokens) == [[100 + i] for i in range(16)]  # each caller one distinct sequence
-    assert _coalesce.counts() == {"merged_requests": 1, "merged_calls": 16}
+    assert _coalesce.counts() == {"merged_requests": 1, "merged_calls": 16, "split_requests": 0, "split_calls": 0}
     assert not sample.__tinker_rl_data_pending__
 
 
-def test_an_error_reaches_every_merged_caller():
-    error = RuntimeError("sampler on fire")
-    fake = FakeSample(answer=error)
+def test_a_merged_request_failing_sends_each_caller_alone():
+    # The merged request (call 1) fails; each caller is then sent alone and
+    # gets its own call's outcome: calls 3 and 5 fail, the others succeed.
+    error, again = RuntimeError("sampler on fire"), RuntimeError("again")
+    fake = FakeSample(answer=lambda i, n: error if i == 1 else again if i in (3, 5) else "at once")
+    _coalesce.reset_counts()
     results = run(group(make_sample(fake), object(), 5))
-    assert len(fake.calls) == 1 and fake.calls[0][2] == 5
-    assert all(r is error for r in results)
+    assert [c[2] for c in fake.calls] == [5, 1, 1, 1, 1, 1]
+    assert [c[3] for c in fake.calls[1:]] == [params()] * 5 and all(c[4] is False for c in fake.calls)
+    outcomes = [r if isinstance(r, BaseException) else r.sequences[0].tokens for r in results]
+    assert outcomes == [[200], again, [400], again, [600]]
+    assert _coalesce.counts() == {"merged_requests": 1, "merged_calls": 5, "split_requests": 1, "split_calls": 5}
 
 
-def test_an_error_raised_by_tinkers_sample_reaches_every_caller():
-    def raising(*args):
-        raise ValueError("bad prompt")
+def test_an_error_of_the_request_itself_reaches_each_caller_from_its_own_call():
+    errors = []
+
+    def answer(i, n):
+        errors.append(RuntimeError(f"call {i}"))
+        return errors[-1]
+
+    results = run(group(make_sample(FakeSample(answer=answer)), object(), 3))
+    assert results == errors[1:]  # each caller its own call's exception, not the merged one
+
+
+def test_a_response_without_one_sequence_per_caller_sends_each_alone():
+    fake = FakeSample(answer=lambda i, n: "later" if i == 1 else "at once")
+    sample = make_sample(fake)
+
+    async def go():
+        client = object()
+        futures = [sample(client, types.ModelInput.from_ints(PROMPT), 1, params()) for _ in range(3)]
+        await asyncio.sleep(0)
+        fake.calls[0][5].set_result(response(2))  # two sequences for three callers
+        return [await f for f in futures]
+
+    results = run(go())
+    assert [c[2] for c in fake.calls] == [3, 1, 1, 1]
+    assert [r.sequences[0].tokens for r in results] == [[200], [300], [400]]
+
+
+def test_an_error_raised_by_tinkers_sample_sends_each_caller_alone():
+    calls = []
+
+    def raising(client, prompt, num_samples, *args):
+        calls.append(num_samples)
+        if num_samples > 1 or len(calls) == 3:
+            raise ValueError(f"bad prompt {len(calls)}")
+        return FakeSample()(client, prompt, num_samples, *args)
 
     results = run(group(make_sample(raising), object(), 3))
-    assert [type(r) for r in results] == [ValueError] * 3
+    assert calls == [3, 1, 1, 1]
+    assert [type(r).__name__ for r in results] == ["SampleResponse", "ValueError", "SampleResponse"]
+    assert str(results[1]) == "bad prompt 3"
 
 
 def test_a_lone_call_gets_tinkers_response_as_it_is():
@@ -223,6 +266,110 @@ def test_cancelling_one_caller_leaves_the_others_and_all_cancels_the_request():
     rest, second = run(go())
     assert [r.sequences[0].tokens for r in rest] == [[1], [2]]
     assert second.cancelled()
+
+
+def test_a_caller_timed_out_leaves_the_others_samples():
+    # As RetryOnFailure(per_rollout_timeout=...): one episode's wait_for
+    # cancels its caller; the merged request goes on for the others.
+    fake = FakeSample(answer="later")
+    sample = make_sample(fake)
+
+    async def go():
+        client = object()
+
+        async def episode(timeout):
+            f = sample(client, types.ModelInput.from_ints(PROMPT), 1, params())
+            return await asyncio.wait_for(f.result_async(), timeout)
+
+        tasks = [asyncio.ensure_future(episode(t)) for t in (0.01, 5, 5)]
+        await asyncio.sleep(0.05)
+        assert tasks[0].done() and isinstance(tasks[0].exception(), asyncio.TimeoutError)
+        assert len(fake.calls) == 1 and not fake.calls[0][5].cancelled()
+        fake.calls[0][5].set_result(response(3))
+        return [await t for t in tasks[1:]]
+
+    assert [r.sequences[0].tokens for r in run(go())] == [[1], [2]]
+
+
+def test_a_cancelled_caller_is_not_sent_again_and_the_others_are():
+    fake = FakeSample(answer=lambda i, n: "later" if i == 1 else "at once")
+    sample = make_sample(fake)
+
+    async def go():
+        client = object()
+        futures = [sample(client, types.ModelInput.from_ints(PROMPT), 1, params()) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert futures[1].future().cancel()
+        fake.calls[0][5].set_exception(RuntimeError("merged request failed"))
+        return futures[1].future(), [await f for f in (futures[0], futures[2])]
+
+    cancelled, rest = run(go())
+    assert [c[2] for c in fake.calls] == [3, 1, 1]  # the cancelled caller is not resent
+    assert cancelled.cancelled() and [r.sequences[0].tokens for r in rest] == [[200], [300]]
+
+
+def test_cancelling_a_caller_sent_alone_cancels_its_request_only():
+    fake = FakeSample(answer=lambda i, n: RuntimeError("merged request failed") if i == 1 else "later")
+    sample = make_sample(fake)
+
+    async def go():
+        client = object()
+        futures = [sample(client, types.ModelInput.from_ints(PROMPT), 1, params()) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert [c[2] for c in fake.calls] == [3, 1, 1, 1]
+        alone = [c[5] for c in fake.calls[1:]]
+        assert futures[0].future().cancel()
+        assert alone[0].cancelled() and not alone[1].cancelled() and not alone[2].cancelled()
+        alone[1].set_result(response(1, offset=7))
+        alone[2].set_exception(KeyError("its own"))
+        return await futures[1], await asyncio.gather(futures[2], return_exceptions=True)
+
+    first, (second,) = run(go())
+    assert first.sequences[0].tokens == [7] and isinstance(second, KeyError)
+
+
+def test_failures_and_cancellations_from_other_threads():
+    # tinker finishes its futures on its own loop's thread; a caller can be
+    # cancelled from any thread. Many groups, each merged request failing
+    # on a worker thread, one caller per group cancelled from another one.
+    import threading
+
+    fake = FakeSample(answer=lambda i, n: "later")
+    sample = make_sample(fake)
+    groups, size = 40, 4
+
+    async def go():
+        client = object()
+        futures = []
+        for g in range(groups):
+            futures.append([sample(client, types.ModelInput.from_ints([g, 1]), 1, params()) for _ in range(size)])
+        await asyncio.sleep(0)
+        merged = [c[5] for c in fake.calls]
+        assert len(merged) == groups
+
+        def fail():
+            for m in merged:
+                m.set_exception(RuntimeError("merged"))
+
+        def cancel():
+            for fs in futures:
+                fs[0].future().cancel()
+
+        threads = [threading.Thread(target=fail), threading.Thread(target=cancel)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for c in fake.calls[groups:]:
+            if not c[5].done():
+                c[5].set_result(response(1, offset=5))
+        return futures
+
+    futures = run(go())
+    for fs in futures:
+        assert fs[0].future().cancelled()
+        assert all(f.future().result(timeout=1).sequences[0].tokens == [5] for f in fs[1:])
+    assert len(fake.calls) - groups <= groups * size
 
 
 def test_the_probe_passes_on_tinkers_sample_and_fails_with_a_reason():

@@ -14,12 +14,31 @@ Anything else goes to tinker's ``sample`` as it is, at once.
 
 What it changes: the samples come from the same distribution, not the same
 draws; the shared prompt is billed (and its prefix cache counted) once per
-merged request; merged callers fail or succeed together (an error reaches
-every one of them: tinker's retries run once, for the merged request);
-each caller's response holds its own sequence, the response's other fields
-(``prompt_cache_hit_tokens``) as the merged request's. Cancelling one
-caller's future leaves the others' request running; cancelling all of them
-cancels it.
+merged request; tinker's own retries (HTTP retries, resubmissions) run once,
+for the merged request; each caller's response holds its own sequence, the
+response's other fields (``prompt_cache_hit_tokens``) as the merged
+request's.
+
+Failures are no wider than unmerged calls': when a merged request fails for
+good (tinker raised, after its own retries, or the response does not hold
+one sequence per caller), each caller still waiting is sent again alone,
+with tinker's ``sample`` as it would have called it, and gets that call's
+own result or exception. So an error that belongs to the request (a prompt
+the service rejects) reaches each caller as the same exception class an
+unmerged call gets, from its own request, and an error of the merged
+request alone (a transient failure that tinker does not retry, a
+``num_samples`` the service refuses) costs each caller one more request,
+not its sample: a ``rollout_error_tolerance`` strategy sees each
+trajectory's failure apart, never k at once. ``counts()`` says how often
+(``split_requests``, ``split_calls``). The resends go out from the thread
+that saw the failure (tinker's ``sample`` may be called from any thread).
+
+Cancelling one caller's future (a per-rollout timeout) leaves the others
+and the merged request running, and a caller already sent alone cancels
+its own request; cancelling every caller of a merged request cancels it.
+A slow merged request is slow for all its callers: a timeout that fires on
+one fires on the others (same deadline, same request), as when k unmerged
+requests were equally slow.
 
 Installed (:data:`PIECES`, feature ``coalesce``, opt-in) at ``SamplingClient.sample``
 of ``tinker.lib.public_interfaces.sampling_client`` (the class
@@ -60,13 +79,15 @@ _OPTIONS = (
 )
 
 _counts_lock = threading.Lock()
-_counts = {"merged_requests": 0, "merged_calls": 0}
+_counts = {"merged_requests": 0, "merged_calls": 0, "split_requests": 0, "split_calls": 0}
 
 
 def counts() -> dict[str, int]:
     """Requests sent for more than one call (``merged_requests``) and the
     calls they served (``merged_calls``); ``merged_calls - merged_requests``
-    requests were saved."""
+    requests were saved. Merged requests that failed for good
+    (``split_requests``) and the calls then sent again alone
+    (``split_calls``)."""
     with _counts_lock:
         return dict(_counts)
 
@@ -156,11 +177,13 @@ def make_sample(original: Callable[..., Any], max_merge: int = MAX_MERGE) -> Cal
 class _Caller(Future):
     """One merged caller's future. Waiting on it blocking (``result()``)
     before its batch is sent sends it first, so that a caller blocking the
-    loop's thread does not wait for a turn of that loop."""
+    loop's thread does not wait for a turn of that loop. Once sent alone
+    (its merged request failed), ``alone`` is that request's future."""
 
     def __init__(self, batch: _Batch):
         super().__init__()
         self._batch = batch
+        self.alone: Future | None = None
 
     def result(self, timeout: float | None = None) -> Any:
         self._batch.send()
@@ -173,7 +196,7 @@ class _Caller(Future):
     def cancel(self) -> bool:
         cancelled = super().cancel()
         if cancelled:
-            self._batch.caller_cancelled()
+            self._batch.caller_cancelled(self)
         return cancelled
 
 
@@ -195,6 +218,9 @@ class _Batch:
         self.sampling_params = sampling_params
         self.callers: list[_Caller] = []
         self.sent = False
+        # Guards `sent`, `callers`, `request` and each caller's `alone`
+        # (callers are cancelled from any thread; requests finish on
+        # tinker's loop thread).
         self.lock = threading.Lock()
         self.request: Future | None = None
 
@@ -220,51 +246,97 @@ class _Batch:
         try:
             api_future = self.original(self.client, self.prompt, len(callers), self.sampling_params)
             request = api_future.future()
-        except BaseException as e:  # what tinker's `sample` raises, to every caller
+        except Exception as e:  # what tinker's `sample` raises
+            if len(callers) > 1:
+                self.split(callers)  # each caller gets what its own call raises
+            else:
+                _set(callers[0], exception=e)
+            return
+        except BaseException as e:
             for c in callers:
                 _set(c, exception=e)
-            if not isinstance(e, Exception):
-                raise
-            return
+            raise
         if len(callers) > 1:
             with _counts_lock:
                 _counts["merged_requests"] += 1
                 _counts["merged_calls"] += len(callers)
-        self.request = request
-        request.add_done_callback(lambda done: _deliver(done, callers))
+        with self.lock:
+            self.request = request
+        request.add_done_callback(lambda done: self.deliver(done, callers))
         if all(c.cancelled() for c in callers):
             request.cancel()
 
-    def caller_cancelled(self) -> None:
-        request = self.request
-        if request is not None and all(c.cancelled() for c in self.callers):
+    def caller_cancelled(self, caller: _Caller) -> None:
+        with self.lock:
+            alone = caller.alone
+            request = self.request
+            every = all(c.cancelled() for c in self.callers)
+        if alone is not None:
+            alone.cancel()
+        elif request is not None and every:
             request.cancel()
 
+    def deliver(self, done: Future, callers: list[_Caller]) -> None:
+        """The merged request's outcome to its callers (on the thread that
+        finished it)."""
+        if done.cancelled():
+            for c in callers:
+                c.cancel()
+            return
+        error = done.exception()
+        if len(callers) == 1:
+            if error is not None:
+                _set(callers[0], exception=error)
+            else:
+                _set(callers[0], result=done.result())
+            return
+        if error is not None:
+            if isinstance(error, Exception):
+                self.split(callers)
+            else:  # not a request's failure (KeyboardInterrupt, SystemExit)
+                for c in callers:
+                    _set(c, exception=error)
+            return
+        response = done.result()
+        sequences = list(response.sequences)
+        if len(sequences) != len(callers):
+            self.split(callers)  # not one sequence per caller: ask each alone
+            return
+        for c, sequence in zip(callers, sequences):
+            _set(c, result=dataclasses.replace(response, sequences=[sequence]))
 
-def _deliver(done: Future, callers: list[_Caller]) -> None:
+    def split(self, callers: list[_Caller]) -> None:
+        """Sends each caller still waiting alone, with tinker's `sample` as
+        the caller called it: its result or exception is the caller's."""
+        waiting = [c for c in callers if not c.done()]
+        if waiting:
+            with _counts_lock:
+                _counts["split_requests"] += 1
+                _counts["split_calls"] += len(waiting)
+        for c in waiting:
+            if c.done():  # cancelled meanwhile
+                continue
+            try:
+                alone = self.original(self.client, self.prompt, 1, self.sampling_params).future()
+            except BaseException as e:
+                _set(c, exception=e)
+                if not isinstance(e, Exception):
+                    raise
+                continue
+            with self.lock:
+                c.alone = alone
+            alone.add_done_callback(functools.partial(_copy, caller=c))
+            if c.cancelled():  # cancelled before `alone` was set: cancel it here
+                alone.cancel()
+
+
+def _copy(done: Future, caller: _Caller) -> None:
     if done.cancelled():
-        for c in callers:
-            c.cancel()
-        return
-    error = done.exception()
-    if error is not None:
-        for c in callers:
-            _set(c, exception=error)
-        return
-    response = done.result()
-    if len(callers) == 1:
-        _set(callers[0], result=response)
-        return
-    sequences = list(response.sequences)
-    if len(sequences) != len(callers):
-        error = RuntimeError(
-            f"a merged sample request for {len(callers)} samples returned {len(sequences)} sequences"
-        )
-        for c in callers:
-            _set(c, exception=error)
-        return
-    for c, sequence in zip(callers, sequences):
-        _set(c, result=dataclasses.replace(response, sequences=[sequence]))
+        caller.cancel()
+    elif (error := done.exception()) is not None:
+        _set(caller, exception=error)
+    else:
+        _set(caller, result=done.result())
 
 
 def _set(caller: _Caller, *, result: Any = None, exception: BaseException | None = None) -> None:
