@@ -33,6 +33,13 @@ re-serialized deterministically (map order is per process), metrics equal
 
     python bench/trainer.py [--steps N] [--runs R] [--workload NAME ...]
                             [--variants stock,installed,installed+gc] [--out PATH]
+
+A variant's options for the collector: installed+gc:headroom=0.1&young=700
+(StepCollector's arguments, set by tinker_rl_data._gc_step.configure()).
+VARIANT/user-step, VARIANT/user-loop: a user's hook on the step function
+(do_train_step_and_get_sampling_client) or the loop (do_sync_training) put
+there before install(), which keeps it. Per step, the RSS at its start and
+its peak (sampled every 20 ms) are in the raw results; --soak prints them.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE)]
@@ -77,7 +84,19 @@ class Probe:
         self.outside = {"gc_ms": 0.0, "collections": [0, 0, 0]}
         self._gc_start = 0.0
         self._rss = _rss_reader()
+        self._rss_peak = 0
         gc.callbacks.append(self._on_gc)
+        import threading
+
+        # RSS sampled every 20 ms: the peak within each step (--soak).
+        threading.Thread(target=self._sample_rss, daemon=True).start()
+
+    def _sample_rss(self) -> None:
+        while True:
+            rss = self._rss()
+            if rss > self._rss_peak:
+                self._rss_peak = rss
+            time.sleep(0.02)
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -96,11 +115,14 @@ class Probe:
         now = (time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
         if name == "step_start":
             self.current = {"gc_ms": 0.0, "gc_full_ms": 0.0, "collections": [0, 0, 0], "marks": {}}
+            self.current["rss_start_mb"] = self._rss() / 2**20
+            self._rss_peak = 0
             self.steps.append(self.current)
         if self.current is not None:
             self.current["marks"][name] = now
         if name == "step_end" and self.current is not None:
             self.current["rss_mb"] = self._rss() / 2**20
+            self.current["rss_peak_mb"] = max(self._rss_peak, self._rss()) / 2**20
             self.current = None
 
 
@@ -112,6 +134,25 @@ def _rss_reader():
             return int(f.read().split()[1]) * page
 
     return read
+
+
+USER_WRAPPERS = {"/user-step": "do_train_step_and_get_sampling_client", "/user-loop": "do_sync_training"}
+
+
+def user_wrapper(train: Any, name: str) -> Callable[[], None]:
+    """A user's hook on rl.train's function ``name`` (counts its calls)."""
+    import functools
+
+    original = getattr(train, name)
+
+    @functools.wraps(original)
+    async def traced(*a, **kw):
+        traced.calls += 1
+        return await original(*a, **kw)
+
+    traced.calls = 0
+    setattr(train, name, traced)
+    return lambda: setattr(train, name, original)
 
 
 def kl_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -195,25 +236,32 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
     train.do_train_step_and_get_sampling_client = probe.cookbook_train_step
     collector = None
     label, variant = variant, variant.removesuffix(NO_HUGE_PAGES)
+    # VARIANT/user-step, VARIANT/user-loop: a user's hook (code outside
+    # tinker_rl_data) on the step or the loop function before install(),
+    # which keeps it there.
+    user_undo = []
+    for suffix, name in USER_WRAPPERS.items():
+        if variant.endswith(suffix):
+            variant = variant.removesuffix(suffix)
+            user_undo.append(user_wrapper(train, name))
     if variant != "stock":  # installed, installed+gc, installed+gc:key=value,...
         import tinker_rl_data.cookbook
         from tinker_rl_data import _gc_step
 
         gc_config = json.loads(args.gc_config)
-        for item in filter(None, variant.partition(":")[2].split(",")):
+        for item in filter(None, variant.partition(":")[2].replace("&", ",").split(",")):
             key, _, value = item.partition("=")
-            gc_config[key] = None if value == "None" else int(value)
-        if variant == "installed+gc" and not gc_config:
-            tinker_rl_data.cookbook.install(kl=args.install_kl)  # the default: the collector held to the step
+            gc_config[key] = None if value == "None" else float(value) if "." in value else int(value)
+        if variant.startswith("installed+gc"):
+            # install()'s own collector, with these options (configure())
+            _gc_step.configure(**gc_config)
+            tinker_rl_data.cookbook.install(kl=args.install_kl)
             collector = _gc_step.COLLECTOR
         elif variant == "installed+coalesce":
             tinker_rl_data.cookbook.install(kl=args.install_kl, coalesce=True)
             collector = _gc_step.COLLECTOR
         else:
             tinker_rl_data.cookbook.install(gc=None, kl=args.install_kl)
-            if variant.startswith("installed+gc"):
-                collector = _gc_step.StepCollector(**gc_config)
-                undo = _gc_step.apply(collector, train)
 
     inner_train_step = train.do_train_step_and_get_sampling_client
 
@@ -259,7 +307,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
         try:
             asyncio.run(train.main(config))
         finally:
-            if collector is not None and collector is not _gc_step.COLLECTOR:
+            for undo in user_undo:
                 undo()
         total = time.perf_counter() - t0
 
@@ -282,6 +330,8 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
                 "gc_full_ms": s["gc_full_ms"],
                 "collections": s["collections"],
                 "rss_mb": s["rss_mb"],
+                "rss_start_mb": s["rss_start_mb"],
+                "rss_peak_mb": s["rss_peak_mb"],
             }
         )
     out = {
