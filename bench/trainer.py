@@ -469,6 +469,47 @@ def render(results: dict[str, dict[str, list[dict[str, Any]]]], checks: dict[str
     return "\n".join(lines)
 
 
+def render_soak(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    """Per step (each variant's first run): RSS at the step's end and its
+    peak within the step (MB), full collections, GC ms; then the growth of
+    the step-end RSS from step 5 to the last."""
+    lines = []
+    for name, by_variant in results.items():
+        variants = [v for v in by_variant if by_variant[v]]
+        runs = {v: by_variant[v][0]["steps"] for v in variants}
+        lines += [
+            f"{name}: per step, RSS at the step's end / its peak in the step (MB), full collections, GC ms",
+            "",
+            "| step | " + " | ".join(f"{v} RSS end / peak | full | GC ms" for v in variants) + " |",
+            "| ---: | " + " | ".join("---: | ---: | ---:" for _ in variants) + " |",
+        ]
+        for i in range(max(len(r) for r in runs.values())):
+            cells = []
+            for v in variants:
+                st = runs[v][i] if i < len(runs[v]) else None
+                cells.append(
+                    "- | - | -" if st is None
+                    else f"{st['rss_mb']:,.0f} / {st['rss_peak_mb']:,.0f} | {st['collections'][2]} | {st['gc_ms']:,.0f}"
+                )
+            lines.append(f"| {i} | " + " | ".join(cells) + " |")
+        lines.append("")
+        for v in variants:
+            st = runs[v]
+            if len(st) > 6:
+                tail = st[5:]
+                ends = [x["rss_mb"] for x in tail]
+                peaks = [x["rss_peak_mb"] for x in tail]
+                full = sorted({x["collections"][2] for x in st})
+                lines.append(
+                    f"- {v}: steps 5-{len(st) - 1}: RSS at the end {min(ends):,.0f}-{max(ends):,.0f} MB "
+                    f"(last - step 5: {ends[-1] - ends[0]:+,.0f}), peak {min(peaks):,.0f}-{max(peaks):,.0f} MB "
+                    f"(last - step 5: {peaks[-1] - peaks[0]:+,.0f}); full collections per step: {full}; "
+                    f"process peak {by_variant[v][0]['peak_rss_mb']:,.0f} MB"
+                )
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=3)
@@ -487,6 +528,8 @@ def main() -> None:
         help="a group's members share the first prompt (as GRPO groups do); what installed+coalesce merges",
     )
     p.add_argument("--gc-config", default="{}", help="StepCollector arguments as JSON")
+    p.add_argument("--soak", action="store_true", help="also print RSS, full collections and GC ms per step")
+    p.add_argument("--scale", type=int, default=1, help="the workload's groups times this (4: the 4x batches)")
     p.add_argument("--out", default=None, help="also write the table and raw results here (.md, .json)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
@@ -494,6 +537,13 @@ def main() -> None:
     args = p.parse_args()
     if args.child:
         args.workload = args.workload[0]
+        if args.scale != 1:
+            import dataclasses
+
+            from cookbook_env import LOOP_WORKLOADS
+
+            w = LOOP_WORKLOADS[args.workload]
+            LOOP_WORKLOADS[args.workload] = dataclasses.replace(w, groups=w.groups * args.scale)
         run_child(args)
         return
 
@@ -517,6 +567,7 @@ def main() -> None:
                     out = Path(tmp) / f"{name}-{v}-{run}.json"
                     cmd = [sys.executable, __file__, "--child", "--workload", name, "--variant", v]
                     cmd += ["--steps", str(args.steps), "--seed", str(args.seed), "--record", str(record)]
+                    cmd += ["--scale", str(args.scale)]
                     cmd += ["--out", str(out), "--gc-config", args.gc_config]
                     cmd += ["--kl-coef", str(args.kl_coef), "--kl-discount", str(args.kl_discount)]
                     cmd += [] if args.install_kl else ["--no-install-kl"]
@@ -549,6 +600,8 @@ def main() -> None:
                     walls = ", ".join(f"{s['wall_ms']:,.0f}" for s in r["steps"])
                     print(f"{name} {v} run {run}: steps {walls} ms; {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)
     table = render(results, checks, args)
+    if args.soak:
+        table += "\n\n" + render_soak(results)
     print()
     print(table)
     if args.out:
