@@ -38,7 +38,9 @@ A variant's options for the collector: installed+gc:headroom=0.1&young=700
 (StepCollector's arguments, set by tinker_rl_data._gc_step.configure()).
 VARIANT/user-step, VARIANT/user-loop: a user's hook on the step function
 (do_train_step_and_get_sampling_client) or the loop (do_sync_training) put
-there before install(), which keeps it. Per step, the RSS at its start and
+there before install(), which keeps it. VARIANT/guard-only (after those):
+the loop does not end the step around a step function that is not the
+collector's, so with /user-step only the guard bounds memory. Per step, the RSS at its start and
 its peak (sampled every 20 ms) are in the raw results; --soak prints them.
 """
 
@@ -136,6 +138,7 @@ def _rss_reader():
     return read
 
 
+GUARD_ONLY = "/guard-only"
 USER_WRAPPERS = {"/user-step": "do_train_step_and_get_sampling_client", "/user-loop": "do_sync_training"}
 
 
@@ -239,6 +242,10 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
     # VARIANT/user-step, VARIANT/user-loop: a user's hook (code outside
     # tinker_rl_data) on the step or the loop function before install(),
     # which keeps it there.
+    # VARIANT/guard-only: no step's end but the step pieces' (for the guard
+    # alone, with /user-step).
+    guard_only = variant.endswith(GUARD_ONLY)
+    variant = variant.removesuffix(GUARD_ONLY)
     user_undo = []
     for suffix, name in USER_WRAPPERS.items():
         if variant.endswith(suffix):
@@ -257,6 +264,9 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
             _gc_step.configure(**gc_config)
             tinker_rl_data.cookbook.install(kl=args.install_kl)
             collector = _gc_step.COLLECTOR
+            if guard_only:
+                collector._add_step_ends = lambda loop_function: []
+                user_undo.append(lambda: vars(collector).pop("_add_step_ends"))
         elif variant == "installed+coalesce":
             tinker_rl_data.cookbook.install(kl=args.install_kl, coalesce=True)
             collector = _gc_step.COLLECTOR

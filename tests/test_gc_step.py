@@ -197,13 +197,13 @@ def garbage_left(collector: StepCollector) -> int:
 
 def test_guard_collects_early_when_rss_grows(monkeypatch):
     monkeypatch.setattr(_gc_step, "_RSS_CHECK_INTERVAL", 0.0)
-    guarded = StepCollector(young=1_000, max_rss_growth=0, max_tracked=None)
+    guarded = StepCollector(young=1_000, headroom=None, max_rss_growth=0, max_tracked=None)
     # An RSS that grows at every reading: the process's real one need not
     # while the cycles' memory comes from what earlier tests freed.
     guarded._rss = itertools.count(0, 4096).__next__
     left_guarded = garbage_left(guarded)
     assert guarded.stats.guard_collections > 0
-    unguarded = StepCollector(young=1_000, max_rss_growth=None, max_tracked=None)
+    unguarded = StepCollector(young=1_000, headroom=None, max_rss_growth=None, max_tracked=None)
     left_unguarded = garbage_left(unguarded)
     assert unguarded.stats.guard_collections == 0
     # The guard frees most of what waits for the older generations (the
@@ -213,13 +213,13 @@ def test_guard_collects_early_when_rss_grows(monkeypatch):
 
 
 def test_guard_collects_early_when_survivors_pass_the_bound():
-    guarded = StepCollector(young=1_000, max_rss_growth=None, max_tracked=5_000)
+    guarded = StepCollector(young=1_000, headroom=None, max_tracked=5_000)
     assert garbage_left(guarded) < 8_000
     assert guarded.stats.guard_collections > 0 and guarded.stats.tracked_checks > 0
 
 
 def test_no_full_collection_inside_a_step():
-    collector = StepCollector(young=1_000, max_rss_growth=None, max_tracked=None)
+    collector = StepCollector(young=1_000, headroom=None, max_tracked=None)
     full = []
 
     def count(phase, info):
