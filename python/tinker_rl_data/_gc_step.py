@@ -17,26 +17,32 @@ the step's GC time. Here, while tinker-cookbook's training loop runs:
 - a guard for memory, relative to the process: when RSS passes the
   step's *limit*, one full collection runs early, on the training loop's
   event loop (a collection cannot start from inside another, where the
-  guard looks). The limit is the RSS after the last full collection plus a
-  headroom of ``headroom`` times the RSS when the step started (0.15 by
-  default: ``StepCollector(headroom=...)``, :func:`configure`, or the
-  environment variable ``TINKER_RL_DATA_GC_HEADROOM``, read when a loop
-  starts), at least ``min_headroom`` bytes (32 MiB: a small process is not
-  collected over noise). So a step's garbage holds at most about
-  ``headroom`` of the process's memory beyond what the step itself keeps:
-  the bound scales with the process, whatever its size. The guard also
-  collects when the objects that survived young collections since the last
-  full one number ``max_tracked`` (4 M), and, if set, when RSS has grown by
-  ``max_rss_growth`` bytes (an absolute cap; none by default);
-  ``headroom=None`` (or the variable set to ``off``) turns the relative
-  bound off;
-- if the step function is not this collector's (a user's wrapper sits
-  there, which install() keeps, so its piece is left out), the loop
-  wrapper puts the step's end around that function for the loop's
-  duration (the user's function is still what runs, and is put back when
-  the loop ends): the policy holds the same whichever of the pieces went
-  in, so long as the loop's did. Without the loop's piece the collector
-  stays as the program left it;
+  guard looks; RSS is read at most every 50 ms, at young collections).
+  The limit is the RSS after this collector's last full collection plus a
+  *headroom*: ``headroom`` times the RSS when the step started (0.15 by
+  default), at least ``min_headroom`` bytes (32 MiB: a small process is
+  not collected over noise). Memory a collection frees stays resident
+  (CPython and malloc keep it for reuse), so after an early collection the
+  next limit is that RSS plus the same headroom, not a fraction of it: the
+  limits within a step grow by the step's headroom, never compound. A
+  step's cyclic garbage thus takes about ``headroom`` of the process's
+  memory beyond what it took before, whatever the process's size (a fixed
+  number of bytes is both too much for a small client and too little to
+  matter for a large one). Set it by ``StepCollector(headroom=...)``, for
+  install()'s collector by :func:`configure`, or by the environment
+  variable ``TINKER_RL_DATA_GC_HEADROOM`` (``0.1`` or ``10%``; ``off``:
+  no RSS bound), read when a loop starts if no headroom was given. The
+  guard also collects when the objects that survived young collections
+  since the last full one number ``max_tracked`` (4 M), and, if set, when
+  RSS has grown by ``max_rss_growth`` bytes (an absolute cap, none by
+  default);
+- if a step function the loop calls is not this collector's (a user's
+  wrapper sits there, which install() keeps, so that piece is left out),
+  the loop's wrapper puts the step's end around it while the loop runs
+  (the user's function is what runs, and is the name's value again when
+  the loop ends; a step end nested in another is one): the policy is the
+  same whichever of the step pieces went in, so long as the loop's did.
+  Without the loop's piece the collector stays as the program left it;
 - when the loop returns or raises, and on :meth:`StepCollector.restore`,
   the collector's state (enabled, thresholds, frozen objects) is put back.
 
