@@ -118,6 +118,7 @@ class Probe:
         if name == "step_start":
             self.current = {"gc_ms": 0.0, "gc_full_ms": 0.0, "collections": [0, 0, 0], "marks": {}}
             self.current["rss_start_mb"] = self._rss() / 2**20
+            self.current["maxrss_start_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             self._rss_peak = 0
             self.steps.append(self.current)
         if self.current is not None:
@@ -125,6 +126,7 @@ class Probe:
         if name == "step_end" and self.current is not None:
             self.current["rss_mb"] = self._rss() / 2**20
             self.current["rss_peak_mb"] = max(self._rss_peak, self._rss()) / 2**20
+            self.current["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             self.current = None
 
 
@@ -342,6 +344,8 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
                 "rss_mb": s["rss_mb"],
                 "rss_start_mb": s["rss_start_mb"],
                 "rss_peak_mb": s["rss_peak_mb"],
+                "maxrss_start_mb": s["maxrss_start_mb"],  # the process's peak so far
+                "maxrss_mb": s["maxrss_mb"],
             }
         )
     out = {
