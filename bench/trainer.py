@@ -41,6 +41,15 @@ re-serialized deterministically (map order is per process), metrics equal
 
     python bench/trainer.py [--steps N] [--runs R] [--workload NAME ...]
                             [--variants stock,installed,installed+gc] [--out PATH]
+
+A variant's options for the collector: installed+gc:headroom=0.1&young=700
+(StepCollector's arguments, set by tinker_rl_data._gc_step.configure()).
+VARIANT/user-step, VARIANT/user-loop: a user's hook on the step function
+(do_train_step_and_get_sampling_client) or the loop (do_sync_training) put
+there before install(), which keeps it. VARIANT/guard-only (after those):
+the loop does not end the step around a step function that is not the
+collector's, so with /user-step only the guard bounds memory. Per step, the RSS at its start and
+its peak (sampled every 20 ms) are in the raw results; --soak prints them.
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE)]
@@ -85,7 +94,19 @@ class Probe:
         self.outside = {"gc_ms": 0.0, "collections": [0, 0, 0]}
         self._gc_start = 0.0
         self._rss = _rss_reader()
+        self._rss_peak = 0
         gc.callbacks.append(self._on_gc)
+        import threading
+
+        # RSS sampled every 20 ms: the peak within each step (--soak).
+        threading.Thread(target=self._sample_rss, daemon=True).start()
+
+    def _sample_rss(self) -> None:
+        while True:
+            rss = self._rss()
+            if rss > self._rss_peak:
+                self._rss_peak = rss
+            time.sleep(0.02)
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -104,11 +125,16 @@ class Probe:
         now = (time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
         if name == "step_start":
             self.current = {"gc_ms": 0.0, "gc_full_ms": 0.0, "collections": [0, 0, 0], "marks": {}}
+            self.current["rss_start_mb"] = self._rss() / 2**20
+            self.current["maxrss_start_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            self._rss_peak = 0
             self.steps.append(self.current)
         if self.current is not None:
             self.current["marks"][name] = now
         if name == "step_end" and self.current is not None:
             self.current["rss_mb"] = self._rss() / 2**20
+            self.current["rss_peak_mb"] = max(self._rss_peak, self._rss()) / 2**20
+            self.current["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             self.current = None
 
 
@@ -120,6 +146,26 @@ def _rss_reader():
             return int(f.read().split()[1]) * page
 
     return read
+
+
+GUARD_ONLY = "/guard-only"
+USER_WRAPPERS = {"/user-step": "do_train_step_and_get_sampling_client", "/user-loop": "do_sync_training"}
+
+
+def user_wrapper(train: Any, name: str) -> Callable[[], None]:
+    """A user's hook on rl.train's function ``name`` (counts its calls)."""
+    import functools
+
+    original = getattr(train, name)
+
+    @functools.wraps(original)
+    async def traced(*a, **kw):
+        traced.calls += 1
+        return await original(*a, **kw)
+
+    traced.calls = 0
+    setattr(train, name, traced)
+    return lambda: setattr(train, name, original)
 
 
 def kl_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -224,25 +270,39 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
     collector = None
     label, variant = variant, variant.removesuffix(NO_HUGE_PAGES)
     variant, _, tolerance = variant.partition("@")  # VARIANT@failfast|retry|minviable: its own --tolerance
+    # VARIANT/user-step, VARIANT/user-loop: a user's hook (code outside
+    # tinker_rl_data) on the step or the loop function before install(),
+    # which keeps it there.
+    # VARIANT/guard-only: no step's end but the step pieces' (for the guard
+    # alone, with /user-step).
+    guard_only = variant.endswith(GUARD_ONLY)
+    variant = variant.removesuffix(GUARD_ONLY)
+    user_undo = []
+    for suffix, name in USER_WRAPPERS.items():
+        if variant.endswith(suffix):
+            variant = variant.removesuffix(suffix)
+            user_undo.append(user_wrapper(train, name))
     if variant != "stock":  # installed, installed+gc, installed+gc:key=value,...
         import tinker_rl_data.cookbook
         from tinker_rl_data.cookbook import gc_step as _gc_step
 
         gc_config = json.loads(args.gc_config)
-        for item in filter(None, variant.partition(":")[2].split(",")):
+        for item in filter(None, variant.partition(":")[2].replace("&", ",").split(",")):
             key, _, value = item.partition("=")
-            gc_config[key] = None if value == "None" else int(value)
-        if variant == "installed+gc" and not gc_config:
-            tinker_rl_data.cookbook.install(kl=args.install_kl)  # the default: the collector held to the step
+            gc_config[key] = None if value == "None" else float(value) if "." in value else int(value)
+        if variant.startswith("installed+gc"):
+            # install()'s own collector, with these options (configure())
+            _gc_step.configure(**gc_config)
+            tinker_rl_data.cookbook.install(kl=args.install_kl)
             collector = _gc_step.COLLECTOR
+            if guard_only:
+                collector._add_step_ends = lambda loop_function: []
+                user_undo.append(lambda: vars(collector).pop("_add_step_ends"))
         elif variant == "installed+coalesce":
             tinker_rl_data.cookbook.install(kl=args.install_kl, coalesce=True)
             collector = _gc_step.COLLECTOR
         else:
             tinker_rl_data.cookbook.install(gc=False, kl=args.install_kl)
-            if variant.startswith("installed+gc"):
-                collector = _gc_step.StepCollector(**gc_config)
-                undo = _gc_step.apply(collector, train)
 
     inner_train_step = train.do_train_step_and_get_sampling_client
 
@@ -294,7 +354,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
                 raise
             error = f"{type(exc).__module__}.{type(exc).__qualname__}"  # with --faults: reported, next variant
         finally:
-            if collector is not None and collector is not _gc_step.COLLECTOR:
+            for undo in user_undo:
                 undo()
         total = time.perf_counter() - t0
 
@@ -317,6 +377,10 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
                 "gc_full_ms": s["gc_full_ms"],
                 "collections": s["collections"],
                 "rss_mb": s["rss_mb"],
+                "rss_start_mb": s["rss_start_mb"],
+                "rss_peak_mb": s["rss_peak_mb"],
+                "maxrss_start_mb": s["maxrss_start_mb"],  # the process's peak so far
+                "maxrss_mb": s["maxrss_mb"],
             }
         )
     out = {
@@ -456,6 +520,47 @@ def render(results: dict[str, dict[str, list[dict[str, Any]]]], checks: dict[str
     return "\n".join(lines)
 
 
+def render_soak(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    """Per step (each variant's first run): RSS at the step's end and its
+    peak within the step (MB), full collections, GC ms; then the growth of
+    the step-end RSS from step 5 to the last."""
+    lines = []
+    for name, by_variant in results.items():
+        variants = [v for v in by_variant if by_variant[v]]
+        runs = {v: by_variant[v][0]["steps"] for v in variants}
+        lines += [
+            f"{name}: per step, RSS at the step's end / its peak in the step (MB), full collections, GC ms",
+            "",
+            "| step | " + " | ".join(f"{v} RSS end / peak | full | GC ms" for v in variants) + " |",
+            "| ---: | " + " | ".join("---: | ---: | ---:" for _ in variants) + " |",
+        ]
+        for i in range(max(len(r) for r in runs.values())):
+            cells = []
+            for v in variants:
+                st = runs[v][i] if i < len(runs[v]) else None
+                cells.append(
+                    "- | - | -" if st is None
+                    else f"{st['rss_mb']:,.0f} / {st['rss_peak_mb']:,.0f} | {st['collections'][2]} | {st['gc_ms']:,.0f}"
+                )
+            lines.append(f"| {i} | " + " | ".join(cells) + " |")
+        lines.append("")
+        for v in variants:
+            st = runs[v]
+            if len(st) > 6:
+                tail = st[5:]
+                ends = [x["rss_mb"] for x in tail]
+                peaks = [x["rss_peak_mb"] for x in tail]
+                full = sorted({x["collections"][2] for x in st})
+                lines.append(
+                    f"- {v}: steps 5-{len(st) - 1}: RSS at the end {min(ends):,.0f}-{max(ends):,.0f} MB "
+                    f"(last - step 5: {ends[-1] - ends[0]:+,.0f}), peak {min(peaks):,.0f}-{max(peaks):,.0f} MB "
+                    f"(last - step 5: {peaks[-1] - peaks[0]:+,.0f}); full collections per step: {full}; "
+                    f"process peak {by_variant[v][0]['peak_rss_mb']:,.0f} MB"
+                )
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=3)
@@ -483,6 +588,8 @@ def main() -> None:
     p.add_argument("--tolerance", choices=("failfast", "retry", "minviable"), default=None,
                    help="rollout_error_tolerance: FailFast, RetryOnFailure, MinViableGroup (default: the cookbook's)")
     p.add_argument("--rollout-timeout", type=float, default=None, help="per_rollout_timeout of --tolerance")
+    p.add_argument("--soak", action="store_true", help="also print RSS, full collections and GC ms per step")
+    p.add_argument("--scale", type=int, default=1, help="the workload's groups times this (4: the 4x batches)")
     p.add_argument("--out", default=None, help="also write the table and raw results here (.md, .json)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
@@ -490,6 +597,13 @@ def main() -> None:
     args = p.parse_args()
     if args.child:
         args.workload = args.workload[0]
+        if args.scale != 1:
+            import dataclasses
+
+            from cookbook_env import LOOP_WORKLOADS
+
+            w = LOOP_WORKLOADS[args.workload]
+            LOOP_WORKLOADS[args.workload] = dataclasses.replace(w, groups=w.groups * args.scale)
         run_child(args)
         return
 
@@ -513,6 +627,7 @@ def main() -> None:
                     out = Path(tmp) / f"{name}-{v}-{run}.json"
                     cmd = [sys.executable, __file__, "--child", "--workload", name, "--variant", v]
                     cmd += ["--steps", str(args.steps), "--seed", str(args.seed), "--record", str(record)]
+                    cmd += ["--scale", str(args.scale)]
                     cmd += ["--out", str(out), "--gc-config", args.gc_config]
                     cmd += ["--kl-coef", str(args.kl_coef), "--kl-discount", str(args.kl_discount)]
                     cmd += [] if args.install_kl else ["--no-install-kl"]
@@ -548,6 +663,8 @@ def main() -> None:
                     walls = ", ".join(f"{s['wall_ms']:,.0f}" for s in r["steps"])
                     print(f"{name} {v} run {run}: steps {walls} ms; {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)
     table = render(results, checks, args)
+    if args.soak:
+        table += "\n\n" + render_soak(results)
     print()
     print(table)
     if args.out:

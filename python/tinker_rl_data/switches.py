@@ -13,6 +13,10 @@ name                            default    what it does
                                            ``step``, ``kl``, ``gc``, ``coalesce``) or piece
                                            names (``compute_post_kl``, ``model_dump``)
                                            left out, as if not asked for
+``TINKER_RL_DATA_GC_HEADROOM``  ``0.15``   the GC guard's bound: collect early once RSS
+                                           passes the step's start by this fraction
+                                           (``10%``; ``off``: no RSS bound), read when
+                                           a training loop starts
 ``TINKER_RL_DATA_HUGEPAGES``    ``1``      ``0``: no huge-page advice on large fresh
                                            outputs (read by the core per call)
 ``TINKER_RL_DATA_INT_READ``     fast       ``api``: exact ints read through CPython's C API
@@ -30,6 +34,7 @@ option        default    what it selects
                          rest of its RL step (``step``)
 ``kl``        on         the KL penalty and distillation passes
 ``gc``        on         Python's cyclic collector held to the trainer's step
+``gc_headroom`` 0.15     its memory guard (``TINKER_RL_DATA_GC_HEADROOM``)
 ``coalesce``  off        concurrent identical single-sample calls as one request
 ``strict``    off        raise instead of warn (see ``TINKER_RL_DATA_STRICT``)
 ============  =========  =====================================================

@@ -6,6 +6,7 @@ the loop returns, raises, or restore()."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import itertools
 import types
@@ -196,13 +197,13 @@ def garbage_left(collector: StepCollector) -> int:
 
 def test_guard_collects_early_when_rss_grows(monkeypatch):
     monkeypatch.setattr(_gc_step, "_RSS_CHECK_INTERVAL", 0.0)
-    guarded = StepCollector(young=1_000, max_rss_growth=0, max_tracked=None)
+    guarded = StepCollector(young=1_000, headroom=None, max_rss_growth=0, max_tracked=None)
     # An RSS that grows at every reading: the process's real one need not
     # while the cycles' memory comes from what earlier tests freed.
     guarded._rss = itertools.count(0, 4096).__next__
     left_guarded = garbage_left(guarded)
     assert guarded.stats.guard_collections > 0
-    unguarded = StepCollector(young=1_000, max_rss_growth=None, max_tracked=None)
+    unguarded = StepCollector(young=1_000, headroom=None, max_rss_growth=None, max_tracked=None)
     left_unguarded = garbage_left(unguarded)
     assert unguarded.stats.guard_collections == 0
     # The guard frees most of what waits for the older generations (the
@@ -212,13 +213,13 @@ def test_guard_collects_early_when_rss_grows(monkeypatch):
 
 
 def test_guard_collects_early_when_survivors_pass_the_bound():
-    guarded = StepCollector(young=1_000, max_rss_growth=None, max_tracked=5_000)
+    guarded = StepCollector(young=1_000, headroom=None, max_tracked=5_000)
     assert garbage_left(guarded) < 8_000
     assert guarded.stats.guard_collections > 0 and guarded.stats.tracked_checks > 0
 
 
 def test_no_full_collection_inside_a_step():
-    collector = StepCollector(young=1_000, max_rss_growth=None, max_tracked=None)
+    collector = StepCollector(young=1_000, headroom=None, max_tracked=None)
     full = []
 
     def count(phase, info):
@@ -252,3 +253,185 @@ def test_the_rss_reader_reads_this_process():
     assert 0 < read() <= peak * 1.01
     assert grown >= 32 * 2**20, grown
     del block
+
+
+# -- the guard relative to the process ------------------------------------------
+
+
+class FakeRSS:
+    """An RSS reader the test sets (bytes)."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __call__(self) -> int:
+        return self.value
+
+
+MiB = 2**20
+
+
+def guard_run(collector: StepCollector, rss: FakeRSS, readings: list[int], steps: int = 1) -> list[int]:
+    """Inside a running loop, for each step, for each RSS in ``readings``:
+    set it, make young collections run (the guard looks there), let the
+    loop run the guard's collection; then end the step at the first RSS.
+    The guard collections after each reading."""
+    collector._rss = rss
+    fired = []
+
+    async def run() -> None:
+        collector.loop_started(asyncio.get_running_loop())
+        try:
+            for _ in range(steps):
+                start = rss.value
+                for value in readings:
+                    rss.value = value
+                    keep = [[] for _ in range(20 * collector.young)]  # survivors: young collections run
+                    del keep
+                    await asyncio.sleep(0)
+                    fired.append(collector.stats.guard_collections)
+                rss.value = start
+                collector.step_ended()
+        finally:
+            collector.loop_ended()
+
+    asyncio.run(run())
+    return fired
+
+
+@pytest.fixture
+def no_check_interval(monkeypatch):
+    monkeypatch.setattr(_gc_step, "_RSS_CHECK_INTERVAL", 0.0)
+    monkeypatch.delenv(_gc_step.HEADROOM_ENV, raising=False)
+
+
+def test_guard_collects_past_a_fraction_of_the_step_s_rss(no_check_interval):
+    # 1 GiB at the step's start, 15% headroom: the limit is 1 GiB + 153.6 MiB
+    # (an absolute 512 MiB would let it grow by half).
+    collector = StepCollector(young=100, headroom=0.15, max_tracked=None)
+    rss = FakeRSS(1024 * MiB)
+    fired = guard_run(collector, rss, [1100 * MiB, 1177 * MiB, 1178 * MiB])
+    assert fired == [0, 0, 1]
+    assert collector.stats.peak_limit >= 1177 * MiB
+
+
+def test_the_headroom_scales_with_the_process(no_check_interval):
+    # 8 GiB: 600 MiB of growth is within 15% (1,228.8 MiB)...
+    big = StepCollector(young=100, headroom=0.15, max_tracked=None)
+    assert guard_run(big, FakeRSS(8192 * MiB), [8792 * MiB, 9420 * MiB, 9422 * MiB]) == [0, 0, 1]
+    # ... and 100 MiB: the floor (32 MiB), not 15 MiB, of growth.
+    small = StepCollector(young=100, headroom=0.15, min_headroom=32 * MiB, max_tracked=None)
+    assert guard_run(small, FakeRSS(100 * MiB), [120 * MiB, 131 * MiB, 133 * MiB]) == [0, 0, 1]
+
+
+def test_after_the_guard_the_limit_does_not_compound(no_check_interval):
+    # 1000 MiB at the step's start, 10%: past 1100 the guard collects; the
+    # memory stays resident (RSS 1101 after it), and the next limit is 1101
+    # + 100 (10% of the step's start), not 1101 * 1.1 = 1211.1.
+    collector = StepCollector(young=100, headroom=0.10, min_headroom=0, max_tracked=None)
+    fired = guard_run(collector, FakeRSS(1000 * MiB), [1101 * MiB, 1101 * MiB, 1200 * MiB, 1205 * MiB])
+    assert fired == [1, 1, 1, 2]
+
+
+def test_each_step_measures_from_its_own_start(no_check_interval):
+    collector = StepCollector(young=100, headroom=0.15, max_tracked=None)
+    # Two steps: each grows by 10% of its start, within the bound: no guard.
+    fired = guard_run(collector, FakeRSS(1000 * MiB), [1050 * MiB, 1100 * MiB], steps=2)
+    assert fired == [0, 0, 0, 0] and collector.stats.step_collections == 2
+
+
+def test_headroom_from_the_environment(no_check_interval, monkeypatch):
+    monkeypatch.setenv(_gc_step.HEADROOM_ENV, "0.05")
+    collector = StepCollector(young=100, max_tracked=None)  # no headroom given: the variable's
+    assert guard_run(collector, FakeRSS(1000 * MiB), [1040 * MiB, 1051 * MiB]) == [0, 1]
+    assert collector.headroom == 0.05
+    # A headroom given is not the variable's.
+    given = StepCollector(young=100, headroom=0.15, max_tracked=None)
+    assert guard_run(given, FakeRSS(1000 * MiB), [1051 * MiB, 1140 * MiB]) == [0, 0]
+    monkeypatch.setenv(_gc_step.HEADROOM_ENV, "off")
+    off = StepCollector(young=100, max_tracked=None)
+    assert guard_run(off, FakeRSS(1000 * MiB), [4000 * MiB]) == [0] and off.headroom is None
+    monkeypatch.setenv(_gc_step.HEADROOM_ENV, "15%")
+    assert _gc_step.headroom_from_env() == 0.15
+    monkeypatch.setenv(_gc_step.HEADROOM_ENV, "lots")
+    with pytest.warns(UserWarning, match="TINKER_RL_DATA_GC_HEADROOM"):
+        assert _gc_step.headroom_from_env() == _gc_step.DEFAULT_HEADROOM
+
+
+def test_configure_sets_install_s_collector(no_check_interval):
+    try:
+        collector = _gc_step.configure(headroom=0.05, min_headroom=0)
+        assert collector is _gc_step.COLLECTOR and collector.headroom == 0.05 and collector.min_headroom == 0
+        with pytest.raises(ValueError):
+            _gc_step.configure(headroom=-1)
+    finally:
+        _gc_step.configure()
+    assert _gc_step.COLLECTOR.headroom_setting is _gc_step._FROM_ENV
+
+
+# -- a user's wrapper on the step function ---------------------------------------
+
+LOOP_SOURCE = """
+async def do_sync_training(steps):
+    for i in range(steps):
+        await do_train_step_and_get_sampling_client(i)
+        after_step.append(garbage[-1]() is None)
+"""
+
+
+def module_with_a_user_s_step(user_wraps: bool):
+    """A module whose loop looks its step function up in its globals (as
+    rl.train's do), a user's hook (with functools.wraps or not) there."""
+    module = types.ModuleType("fake_rl_train")
+    module.garbage, module.after_step, module.calls = [], [], []
+    exec(LOOP_SOURCE, module.__dict__)
+
+    async def cookbook_step(i):
+        module.garbage.append(cycle())
+        return i
+
+    async def users_hook(i):
+        module.calls.append(i)
+        return await cookbook_step(i)
+
+    module.do_train_step_and_get_sampling_client = functools.wraps(cookbook_step)(users_hook) if user_wraps else users_hook
+    return module
+
+
+@pytest.mark.parametrize("user_wraps", [True, False])
+def test_the_loop_ends_the_step_around_a_user_s_step_function(user_wraps):
+    module = module_with_a_user_s_step(user_wraps)
+    users = module.do_train_step_and_get_sampling_client
+    collector = StepCollector()
+    # install() keeps the user's step function: only the loop's piece goes in.
+    loop = collector.wrap_loop(module.do_sync_training)
+    asyncio.run(loop(3))
+    assert module.calls == [0, 1, 2]  # the user's hook ran each step
+    assert collector.stats.step_collections == 3 and collector.stats.step_ends_added == 1
+    assert module.after_step == [True, True, True]  # each step's cycle collected at its end
+    assert module.do_train_step_and_get_sampling_client is users  # put back
+
+
+def test_one_step_end_when_a_user_s_hook_is_around_ours():
+    module = module_with_a_user_s_step(user_wraps=True)
+    collector = StepCollector()
+    ours = collector.wrap_step(module.do_train_step_and_get_sampling_client)
+
+    async def plain_hook(i):  # no functools.wraps: the loop cannot see ours inside
+        return await ours(i)
+
+    module.do_train_step_and_get_sampling_client = plain_hook
+    asyncio.run(collector.wrap_loop(module.do_sync_training)(2))
+    assert collector.stats.steps == 2 and collector.stats.step_collections == 2
+    assert module.do_train_step_and_get_sampling_client is plain_hook
+    # With functools.wraps the hook carries ours's mark: nothing added.
+    module = module_with_a_user_s_step(user_wraps=True)
+    collector2 = StepCollector()
+    ours2 = collector2.wrap_step(module.do_train_step_and_get_sampling_client)
+
+    async def hook(i):
+        return await ours2(i)
+
+    module.do_train_step_and_get_sampling_client = functools.wraps(ours2)(hook)
+    asyncio.run(collector2.wrap_loop(module.do_sync_training)(2))
+    assert collector2.stats.step_ends_added == 0 and collector2.stats.step_collections == 2

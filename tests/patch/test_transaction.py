@@ -516,3 +516,14 @@ def test_the_report_is_one_line_per_feature_and_its_details_name_every_site(clea
         for site in sites:
             assert f"          {site}\n" in details + "\n"
     assert "tinker_cookbook.rl.train.assemble_training_data" in details
+
+
+def test_gc_headroom_sets_the_guard_of_installs_collector(clean):
+    from tinker_rl_data.cookbook import gc_step
+
+    try:
+        ours.install(gc_headroom=0.05)
+        assert gc_step.COLLECTOR.headroom == 0.05
+    finally:
+        gc_step.configure()  # back to the defaults for the tests after
+    assert gc_step.COLLECTOR.headroom is None  # from the environment, when a loop starts

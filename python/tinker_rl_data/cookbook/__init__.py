@@ -43,6 +43,7 @@ def install(
     wire: bool = True,
     kl: bool = True,
     gc: bool = True,
+    gc_headroom: float | None = None,
     coalesce: bool = False,
     strict: bool | None = None,
 ) -> Report:
@@ -63,6 +64,9 @@ def install(
       the same scoring requests; advantages and metrics bit-identical.
     - ``gc`` (on): Python's cyclic collector held to the trainer's step
       (:mod:`.gc_step`): changes when it runs, not what is computed.
+      ``gc_headroom``: its memory guard collects early once RSS passes the
+      step's start by this fraction (default ``TINKER_RL_DATA_GC_HEADROOM``
+      or 0.15).
     - ``coalesce`` (off, opt-in): concurrent identical single-sample calls
       as one request (:mod:`tinker_rl_data.tinker.coalesce`): the same
       distribution of samples, not the same draws.
@@ -79,6 +83,11 @@ def install(
     ``TINKER_RL_DATA_DISABLE=1`` makes it a no-op (:mod:`tinker_rl_data.switches`).
     Calling it again is harmless; :func:`uninstall` undoes it.
     """
+    if gc and gc_headroom is not None:
+        from . import gc_step
+
+        if not gc_step.COLLECTOR.active:
+            gc_step.configure(headroom=gc_headroom)
     asked = {"wire": wire, "kl": kl, "gc": gc, "coalesce": coalesce}
     features = {"data", "step"} | {name for name, on in asked.items() if on}
     return transaction.install(features, owner=__name__, strict=strict)

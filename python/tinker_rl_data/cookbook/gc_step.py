@@ -14,12 +14,35 @@ the step's GC time. Here, while tinker-cookbook's training loop runs:
   only (each scans the objects allocated since the last one); objects that
   survive one are not scanned again until the step ends;
 - at the end of each step, one full collection;
-- a guard for memory: when RSS has grown by ``max_rss_growth`` bytes, or
-  the objects that survived young collections number ``max_tracked``, since
-  the step started (or since the guard last fired), one full collection
-  runs early, on the training loop's event loop (a collection cannot start
-  from inside another, where the guard looks), so a step that makes much
-  cyclic garbage stays bounded;
+- a guard for memory, relative to the process: when RSS passes the
+  step's *limit*, one full collection runs early, on the training loop's
+  event loop (a collection cannot start from inside another, where the
+  guard looks; RSS is read at most every 50 ms, at young collections).
+  The limit is the RSS after this collector's last full collection plus a
+  *headroom*: ``headroom`` times the RSS when the step started (0.15 by
+  default), at least ``min_headroom`` bytes (32 MiB: a small process is
+  not collected over noise). Memory a collection frees stays resident
+  (CPython and malloc keep it for reuse), so after an early collection the
+  next limit is that RSS plus the same headroom, not a fraction of it: the
+  limits within a step grow by the step's headroom, never compound. A
+  step's cyclic garbage thus takes about ``headroom`` of the process's
+  memory beyond what it took before, whatever the process's size (a fixed
+  number of bytes is both too much for a small client and too little to
+  matter for a large one). Set it by ``StepCollector(headroom=...)``, for
+  install()'s collector by :func:`configure`, or by the environment
+  variable ``TINKER_RL_DATA_GC_HEADROOM`` (``0.1`` or ``10%``; ``off``:
+  no RSS bound), read when a loop starts if no headroom was given. The
+  guard also collects when the objects that survived young collections
+  since the last full one number ``max_tracked`` (4 M), and, if set, when
+  RSS has grown by ``max_rss_growth`` bytes (an absolute cap, none by
+  default);
+- if a step function the loop calls is not this collector's (a user's
+  wrapper sits there, which install() keeps, so that piece is left out),
+  the loop's wrapper puts the step's end around it while the loop runs
+  (the user's function is what runs, and is the name's value again when
+  the loop ends; a step end nested in another is one): the policy is the
+  same whichever of the step pieces went in, so long as the loop's did.
+  Without the loop's piece the collector stays as the program left it;
 - when the loop returns or raises, and on :meth:`StepCollector.restore`,
   the collector's state (enabled, thresholds, frozen objects) is put back.
 
@@ -37,12 +60,15 @@ wrapper factory for each; :data:`PIECES` (feature ``gc``) installs
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import gc
+import inspect
 import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +88,41 @@ _RSS_CHECK_INTERVAL = 0.05
 # leave them), so there a freeze count up to this many is the interpreter's
 # own. A program's gc.freeze() freezes every tracked object, far more.
 _INTERPRETER_FROZEN = 4096 if sys.version_info[:2] == (3, 12) else 0
+
+#: The environment variable for the guard's headroom (a fraction of RSS;
+#: ``off`` for none), read when a loop starts if no headroom was given.
+HEADROOM_ENV = "TINKER_RL_DATA_GC_HEADROOM"
+DEFAULT_HEADROOM = 0.15
+DEFAULT_MIN_HEADROOM = 32 * 2**20
+# A sentinel: the headroom from the environment (else the default).
+_FROM_ENV: Any = object()
+# Set on this module's step wrappers (and copied by functools.wraps onto a
+# user's wrapper around one): the collector whose step end it is.
+_STEP_MARK = "_tinker_rl_data_step_of"
+
+
+# Set while one of this module's step wrappers runs (in that task): a
+# wrapper nested in another leaves the step's end to the outer one.
+_IN_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar("tinker_rl_data_in_step", default=False)
+
+
+def headroom_from_env(default: float | None = DEFAULT_HEADROOM) -> float | None:
+    """:data:`HEADROOM_ENV` as a fraction (``0.15`` or ``15%``; ``off``,
+    ``none`` or ``0``: None); ``default`` when unset, or with a warning when
+    not a number >= 0 (a typo does not stop a training run)."""
+    raw = os.environ.get(HEADROOM_ENV, "").strip()
+    if not raw:
+        return default
+    if raw.lower() in ("off", "none"):
+        return None
+    try:
+        value = float(raw.removesuffix("%")) / (100 if raw.endswith("%") else 1)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        warnings.warn(f"{HEADROOM_ENV}={raw!r} is not a fraction >= 0 (e.g. 0.15) or off: {default} used", stacklevel=2)
+        return default
+    return value or None
 
 
 def program_froze() -> bool:
@@ -96,6 +157,8 @@ class StepStats:
     tracked_checks: int = 0  # exact counts of the objects older than young
     step_collections: int = 0  # the one at each step's end
     froze: int = 0  # objects frozen when the loop started
+    step_ends_added: int = 0  # step functions the loop wrapper put the step's end around
+    peak_limit: int = 0  # the guard's highest RSS limit (bytes)
 
 
 class StepCollector:
@@ -104,26 +167,26 @@ class StepCollector:
     ``young``: net new tracked objects between young collections inside a
     step (None: the threshold in effect when the loop starts, 700 by
     default; young collections free the short-lived cycles early and cost
-    little, measured larger values were slower). ``max_rss_growth``: bytes of RSS growth inside a step after which
-    the guard collects early (None: no RSS guard). ``max_tracked``: objects
-    surviving young collections inside a step after which it does (None: no
-    such bound). ``freeze``: freeze the setup's objects when the loop starts.
+    little, measured larger values were slower). ``headroom``: the guard
+    collects early when RSS passes the RSS after the last full collection
+    by this fraction of the RSS at the step's start (default: from
+    :data:`HEADROOM_ENV`, else 0.15; None: no relative bound), at least
+    ``min_headroom`` bytes. ``max_rss_growth``: an absolute cap on that
+    growth in bytes (None: none). ``max_tracked``: objects surviving young
+    collections since the last full one after which the guard collects
+    (None: no such bound). ``freeze``: freeze the setup's objects when the
+    loop starts.
     """
 
     def __init__(
         self,
         young: int | None = None,
-        max_rss_growth: int | None = 512 * 2**20,
+        headroom: float | None = _FROM_ENV,
+        min_headroom: int = DEFAULT_MIN_HEADROOM,
+        max_rss_growth: int | None = None,
         max_tracked: int | None = 4_000_000,
         freeze: bool = True,
     ) -> None:
-        if young is not None and young < 1:
-            raise ValueError(f"young must be at least 1, got {young}")
-        self.young_setting = young
-        self.young = young or 1
-        self.max_rss_growth = max_rss_growth
-        self.max_tracked = max_tracked
-        self.freeze = freeze
         self.stats = StepStats()
         self._lock = threading.RLock()
         self._depth = 0
@@ -132,11 +195,37 @@ class StepCollector:
         self._passive = False
         self._own_collect = False
         self._guard_armed = False
-        self._rss = _rss_reader() if max_rss_growth is not None else None
-        self._rss_base = 0
+        self._rss: Callable[[], int] | None = None
+        self._rss_limit: int | None = None
+        self._rss_step = 0
         self._last_check = 0.0
         self._next_tracked_check = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._configure(young, headroom, min_headroom, max_rss_growth, max_tracked, freeze)
+
+    def _configure(
+        self,
+        young: int | None,
+        headroom: float | None,
+        min_headroom: int,
+        max_rss_growth: int | None,
+        max_tracked: int | None,
+        freeze: bool,
+    ) -> None:
+        if young is not None and young < 1:
+            raise ValueError(f"young must be at least 1, got {young}")
+        if headroom is not _FROM_ENV and headroom is not None and not headroom >= 0:
+            raise ValueError(f"headroom must be a fraction >= 0, got {headroom}")
+        if min_headroom < 0:
+            raise ValueError(f"min_headroom must be >= 0, got {min_headroom}")
+        self.young_setting = young
+        self.young = young or 1
+        self.headroom_setting = headroom
+        self.headroom: float | None = None if headroom is _FROM_ENV else headroom
+        self.min_headroom = min_headroom
+        self.max_rss_growth = max_rss_growth
+        self.max_tracked = max_tracked
+        self.freeze = freeze
 
     # -- the loop and its steps ------------------------------------------------
 
@@ -151,6 +240,10 @@ class StepCollector:
                 # The program turned the collector off: leave it so.
                 self._passive = True
                 return
+            if self.headroom_setting is _FROM_ENV:
+                self.headroom = headroom_from_env()
+            wants_rss = self.headroom is not None or self.max_rss_growth is not None
+            self._rss = _rss_reader() if wants_rss and self._rss is None else self._rss
             self._saved = (gc.isenabled(), gc.get_threshold())
             self.young = self.young_setting or max(1, gc.get_threshold()[0])
             self._collect()
@@ -159,7 +252,7 @@ class StepCollector:
                 self._froze = True
                 self.stats.froze = gc.get_freeze_count()
             gc.callbacks.append(self._on_collection)
-            self._step_started()
+            self._step_started(new_step=True)
             gc.enable()
 
     def loop_ended(self) -> None:
@@ -177,7 +270,7 @@ class StepCollector:
             self.stats.steps += 1
             self._collect()
             self.stats.step_collections += 1
-            self._step_started()
+            self._step_started(new_step=True)
 
     def restore(self) -> None:
         """Put the collector's state back now, even inside a running loop
@@ -194,27 +287,42 @@ class StepCollector:
     # -- wrappers ----------------------------------------------------------------
 
     def wrap_loop(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """A training loop (async): the policy holds while it runs."""
+        """A training loop (async): the policy holds while it runs. A step
+        function in the loop's module that is not this collector's (a
+        user's wrapper kept by install()) gets the step's end around it
+        while the loop runs."""
 
         @functools.wraps(original)
         async def loop(*args: Any, **kwargs: Any) -> Any:
             self.loop_started(asyncio.get_running_loop())
+            added = self._add_step_ends(original)
             try:
                 return await original(*args, **kwargs)
             finally:
+                for namespace, name, theirs, ours in added:
+                    if namespace.get(name) is ours:
+                        namespace[name] = theirs
                 self.loop_ended()
 
         return loop
 
     def wrap_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """A once-per-step function (async): the step ends when it returns."""
+        """A once-per-step function (async): the step ends when it returns
+        (once, if two of these wrappers are nested)."""
 
         @functools.wraps(original)
         async def step(*args: Any, **kwargs: Any) -> Any:
-            result = await original(*args, **kwargs)
+            if _IN_STEP.get():
+                return await original(*args, **kwargs)
+            token = _IN_STEP.set(True)
+            try:
+                result = await original(*args, **kwargs)
+            finally:
+                _IN_STEP.reset(token)
             self.step_ended()
             return result
 
+        setattr(step, _STEP_MARK, self)
         return step
 
     def make_wrapper(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -231,6 +339,28 @@ class StepCollector:
 
     # -- internals -----------------------------------------------------------------
 
+    def _add_step_ends(self, loop_function: Callable[..., Any]) -> list[tuple[dict[str, Any], str, Any, Any]]:
+        """Where the loop looks its step functions up (its module's
+        globals), wrap each that is not ours; (namespace, name, theirs,
+        ours) for each wrapped."""
+        if not self.active or self._passive:
+            return []
+        namespace = getattr(inspect.unwrap(loop_function), "__globals__", None)
+        if not isinstance(namespace, dict):
+            return []
+        added = []
+        for name in STEP_FUNCTIONS:
+            theirs = namespace.get(name)
+            if theirs is None or getattr(theirs, _STEP_MARK, None) is self:
+                continue
+            if not inspect.iscoroutinefunction(theirs):
+                continue
+            ours = self.wrap_step(theirs)
+            namespace[name] = ours
+            added.append((namespace, name, theirs, ours))
+            self.stats.step_ends_added += 1
+        return added
+
     def _collect(self) -> None:
         self._own_collect = True
         try:
@@ -238,13 +368,30 @@ class StepCollector:
         finally:
             self._own_collect = False
 
-    def _step_started(self) -> None:
+    def _step_started(self, new_step: bool) -> None:
+        """After each of this collector's full collections: the young
+        threshold and the guard's bounds from here."""
         self._guard_armed = False
         gc.set_threshold(self.young, _NEVER, _NEVER)
         self._next_tracked_check = self.max_tracked or 0
         if self._rss is not None:
-            self._rss_base = self._rss()
+            rss = self._rss()
+            if new_step or not self._rss_step:
+                self._rss_step = rss
+            headroom = self._rss_headroom()
+            self._rss_limit = None if headroom is None else rss + headroom
+            self.stats.peak_limit = max(self.stats.peak_limit, self._rss_limit or 0)
             self._last_check = time.monotonic()
+
+    def _rss_headroom(self) -> int | None:
+        """Bytes of RSS growth past the last full collection the guard
+        allows (None: no RSS bound)."""
+        allowed = []
+        if self.headroom is not None:
+            allowed.append(max(int(self.headroom * self._rss_step), self.min_headroom))
+        if self.max_rss_growth is not None:
+            allowed.append(self.max_rss_growth)
+        return min(allowed) if allowed else None
 
     def _put_back(self) -> None:
         try:
@@ -262,6 +409,8 @@ class StepCollector:
         self._guard_armed = False
         self._passive = False
         self._loop = None
+        self._rss_step = 0
+        self._rss_limit = None
 
     def _guard_collect(self) -> None:
         with self._lock:
@@ -269,7 +418,7 @@ class StepCollector:
                 return
             self._collect()
             self.stats.guard_collections += 1
-            self._step_started()
+            self._step_started(new_step=False)
 
     def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
         # Runs inside a collection (any thread, GIL held), where no other
@@ -296,13 +445,13 @@ class StepCollector:
                 self._next_tracked_check = gc.get_count()[1] * self.young + max(
                     self.max_tracked - survivors, 4 * self.young
                 )
-        if self._rss is None or self.max_rss_growth is None:
+        if self._rss is None or self._rss_limit is None:
             return False
         now = time.monotonic()
         if now - self._last_check < _RSS_CHECK_INTERVAL:
             return False
         self._last_check = now
-        return self._rss() - self._rss_base > self.max_rss_growth
+        return self._rss() > self._rss_limit
 
 
 def apply(collector: StepCollector, module: Any | None = None) -> Callable[[], None]:
@@ -332,6 +481,26 @@ def apply(collector: StepCollector, module: Any | None = None) -> Callable[[], N
 
 #: The collector ``cookbook.install()`` (``gc=True``, the default) holds to the step.
 COLLECTOR = StepCollector()
+
+
+def configure(
+    headroom: float | None = _FROM_ENV,
+    min_headroom: int = DEFAULT_MIN_HEADROOM,
+    young: int | None = None,
+    max_rss_growth: int | None = None,
+    max_tracked: int | None = 4_000_000,
+    freeze: bool = True,
+) -> StepCollector:
+    """Set :data:`COLLECTOR`'s options (those of :class:`StepCollector`;
+    unnamed ones to their defaults) and zero its stats; what
+    ``cookbook.install(gc=..., gc_headroom=...)`` passes on. Takes effect
+    when the next training loop starts."""
+    with COLLECTOR._lock:
+        if COLLECTOR.active:
+            raise RuntimeError("the collector is held to a running training loop: configure it before")
+        COLLECTOR._configure(young, headroom, min_headroom, max_rss_growth, max_tracked, freeze)
+        COLLECTOR.stats = StepStats()
+    return COLLECTOR
 
 
 def make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
