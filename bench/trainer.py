@@ -31,8 +31,34 @@ compared with the first stock run's: bodies parsed as protobuf and
 re-serialized deterministically (map order is per process), metrics equal
 (integers) or within float32 rounding (floats, see docs/contract.md §9).
 
+Modes users run (each applies to every variant of the invocation):
+
+  --executor process:N | forkserver:N | ray:N
+                the group rollouts in N worker processes:
+                `rl.train.main(config, rollout_executor=...)` with a
+                ProcessPoolExecutor (spawn or forkserver) or a Ray-backed
+                concurrent.futures.Executor (bench/ray_executor.py; `ray`
+                must be installed: a local `ray.init(num_cpus=N)`)
+  --async       AsyncConfig(max_steps_off_policy=--off-policy (1),
+                groups_per_batch=the workload's groups): off-policy, groups
+                streamed into the next step; a step is the time between two
+                logged steps
+  --stream-minibatch
+                StreamMinibatchConfig(groups_per_batch=the workload's groups,
+                num_minibatches=--minibatches (2))
+  --batch-scale K
+                K times the workload's groups per step
+
+With a rollout executor, each run also reports what its workers installed
+(tinker_rl_data._workers.seen(): pieces, rollouts, GC steps, coalesced
+calls). Async and stream-minibatch bodies are compared as multisets of
+Datums over the whole run (which group lands in which request depends on
+completion order); their metrics are compared per step only where the
+mode's order is deterministic (see compare_metrics' `loose`).
+
     python bench/trainer.py [--steps N] [--runs R] [--workload NAME ...]
                             [--variants stock,installed,installed+gc] [--out PATH]
+                            [--executor KIND:N] [--async] [--stream-minibatch]
 """
 
 from __future__ import annotations
@@ -147,12 +173,15 @@ def run_child(args: argparse.Namespace) -> None:
     original_get_batch = TokenDataset.get_batch
 
     def get_batch(self, index):
-        probe.mark("step_start")
+        # Async: the dataloader runs ahead; a step starts where the last ended.
+        if not args.async_ or not probe.steps:
+            probe.mark("step_start")
         return original_get_batch(self, index)
 
     TokenDataset.get_batch = get_batch
 
     probe.cookbook_train_step = train.do_train_step_and_get_sampling_client
+    probe.cookbook_streaming_step = train.do_train_step_streaming_and_get_sampling_client
 
     logged: list[dict[str, Any]] = []
     original_setup = ml_log.setup_logging
@@ -165,6 +194,8 @@ def run_child(args: argparse.Namespace) -> None:
             if probe.current is not None and step is not None and step < args.steps:
                 logged.append({"step": step, **metrics})
                 probe.mark("step_end")
+                if args.async_ and step + 1 < args.steps:
+                    probe.mark("step_start")
             return original_log(metrics, step, *la, **lkw)
 
         logger.log_metrics = log_metrics
@@ -193,6 +224,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
     # The timing hook goes around whatever install() put in: install() sees
     # the cookbook's own function (a hook there would be kept as a user's).
     train.do_train_step_and_get_sampling_client = probe.cookbook_train_step
+    train.do_train_step_streaming_and_get_sampling_client = probe.cookbook_streaming_step
     collector = None
     label, variant = variant, variant.removesuffix(NO_HUGE_PAGES)
     if variant != "stock":  # installed, installed+gc, installed+gc:key=value,...
@@ -226,6 +258,20 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
 
     train.do_train_step_and_get_sampling_client = train_step
 
+    inner_streaming_step = train.do_train_step_streaming_and_get_sampling_client
+
+    async def streaming_step(*a, **kw):
+        probe.mark("train_start")
+        try:
+            return await inner_streaming_step(*a, **kw)
+        finally:
+            probe.mark("train_end")
+
+    train.do_train_step_streaming_and_get_sampling_client = streaming_step
+    from tinker_rl_data import _workers
+
+    _workers.reset()
+
     # What tinker_rl_data left to the cookbook's own functions (logged once
     # per reason at INFO).
     import logging
@@ -242,11 +288,21 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
     logging.getLogger("tinker_rl_data").setLevel(logging.INFO)
 
     workload = LOOP_WORKLOADS[args.workload]
+    groups = workload.groups * args.batch_scale
+    modes: dict[str, Any] = {}
+    if args.async_:
+        modes["async_config"] = train.AsyncConfig(max_steps_off_policy=args.off_policy, groups_per_batch=groups)
+    if args.stream_minibatch:
+        modes["stream_minibatch_config"] = train.StreamMinibatchConfig(
+            groups_per_batch=groups, num_minibatches=args.minibatches
+        )
     with tempfile.TemporaryDirectory() as log_path, FakeTinker(seed=args.seed, record=record) as fake:
+        executor = make_executor(args.executor)
         config = train.Config(
             learning_rate=1e-5,
             dataset_builder=TokenDatasetBuilder(
-                workload=args.workload, steps=args.steps, seed=args.seed, shared_prompt=args.shared_prompt
+                workload=args.workload, steps=args.steps, seed=args.seed, shared_prompt=args.shared_prompt,
+                batch_scale=args.batch_scale,
             ),
             model_name=MODEL,
             max_tokens=workload.completion,
@@ -254,10 +310,11 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
             base_url=fake.base_url,
             recipe_name="bench_trainer",
             **kl_options(args),
+            **modes,
         )
         t0 = time.perf_counter()
         try:
-            asyncio.run(train.main(config))
+            asyncio.run(train.main(config, rollout_executor=executor))
         finally:
             if collector is not None and collector is not _gc_step.COLLECTOR:
                 undo()
@@ -268,6 +325,9 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
         m = s["marks"]
         if "step_end" not in m:
             continue
+        nan = (math.nan, math.nan, math.nan)
+        m.setdefault("train_start", nan)
+        m.setdefault("train_end", nan)
         steps.append(
             {
                 "wall_ms": (m["step_end"][0] - m["step_start"][0]) * 1e3,
@@ -298,9 +358,33 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
         "coalesced": coalesced_counts(),
         "installed": [] if variant == "stock" else [t for t, _ in tinker_rl_data.status().installed],
         "left_to_cookbook": left,
+        "workers": _workers.seen(),
+        "workers_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+        "mode": {"executor": args.executor, "async": args.async_, "stream_minibatch": args.stream_minibatch,
+                 "batch_scale": args.batch_scale},
     }
     logging.getLogger("tinker_rl_data").removeHandler(left_handler)
     return out
+
+
+def make_executor(spec: str | None) -> Any:
+    """``process:N`` / ``forkserver:N`` (a ProcessPoolExecutor of N workers
+    started so), ``ray:N`` (bench/ray_executor.py), or None."""
+    if not spec:
+        return None
+    kind, _, n = spec.partition(":")
+    workers = int(n or 2)
+    if kind in ("process", "spawn", "forkserver"):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        context = multiprocessing.get_context("forkserver" if kind == "forkserver" else "spawn")
+        return ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    if kind == "ray":
+        from ray_executor import RayExecutor
+
+        return RayExecutor(workers)
+    raise SystemExit(f"--executor: unknown kind {kind!r} (process:N, forkserver:N, ray:N)")
 
 
 def coalesced_counts() -> dict[str, int] | None:
@@ -346,14 +430,74 @@ def compare_bodies(a: dict[str, bytes], b: dict[str, bytes], any_order: bool = F
     return None
 
 
+def request_order(args: argparse.Namespace) -> int | None:
+    """How many consecutive requests (in seq_id order) hold one step's
+    groups in a mode whose order is not deterministic: stream-minibatch,
+    each step's `num_minibatches` requests (a step's groups are fixed, their
+    split into minibatches is completion order); async, the whole run (0:
+    which step trains a group depends on completion order too); None: each
+    request in order."""
+    if args.async_:
+        return 0
+    if args.stream_minibatch:
+        return args.minibatches
+    return None
+
+
+def compare_run_bodies(a: dict[str, bytes], b: dict[str, bytes], per: int | None, any_order: bool = False) -> str | None:
+    """compare_bodies, or with ``per`` (request_order) the Datums of each
+    chunk of ``per`` requests (0: all of them) as multisets."""
+    if per is None:
+        return compare_bodies(a, b, any_order)
+    if len(a) != len(b):
+        return f"{len(a)} vs {len(b)} requests"
+
+    def chunks(bodies: dict[str, bytes]) -> list[list[bytes]]:
+        names = sorted(bodies)
+        size = per or len(names) or 1
+        return [sorted(d for n in names[i : i + size] for d in datum_multiset(bodies[n])) for i in range(0, len(names), size)]
+
+    for i, (x, y) in enumerate(zip(chunks(a), chunks(b))):
+        if x != y:
+            return f"request chunk {i}: the Datums differ ({len(x)} vs {len(y)})"
+    return None
+
+
+#: Metrics that depend on which groups a step trains or on which weights
+#: sampled them: in async mode that is completion order, so they differ
+#: between two stock runs as well; compared per run, not per step.
+ORDER_DEPENDENT_PREFIXES = ("env/", "optim/", "sampling_client/", "ac_tokens", "ob_tokens", "tokens/", "cost/", "reward", "by_group/", "progress/")
+
+
 def comparable(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in metrics]
 
 
-def compare_metrics(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> str | None:
+def compare_metrics(a: list[dict[str, Any]], b: list[dict[str, Any]], loose: bool = False) -> str | None:
     """None when equal: same keys, integers and strings equal, floats within
-    float32 rounding (relative 1e-5, absolute 1e-5 of a unit-size term)."""
+    float32 rounding (relative 1e-5, absolute 1e-5 of a unit-size term).
+    ``loose`` (async): per step the same keys, and the values of keys that
+    depend on completion order (ORDER_DEPENDENT_PREFIXES) compared as the
+    run's multiset of values (rounded to 5 significant digits)."""
     a, b = comparable(a), comparable(b)
+    if loose:
+        if [sorted(x) for x in a] != [sorted(y) for y in b]:
+            return "the steps' keys differ"
+
+        def split(ms: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list[Any]]]:
+            fixed, pooled = [], {}
+            for m in ms:
+                fixed.append({k: v for k, v in m.items() if not k.startswith(ORDER_DEPENDENT_PREFIXES)})
+                for k, v in m.items():
+                    if k.startswith(ORDER_DEPENDENT_PREFIXES):
+                        pooled.setdefault(k, []).append(float(f"{v:.5g}") if isinstance(v, float) else v)
+            return fixed, {k: sorted(v, key=repr) for k, v in pooled.items()}
+
+        (fa, pa), (fb, pb) = split(a), split(b)
+        if pa != pb:
+            bad = sorted(k for k in pa if pa[k] != pb.get(k))
+            return f"per run, values differ: {bad[:5]}"
+        a, b = fa, fb
     if len(a) != len(b):
         return f"{len(a)} vs {len(b)} logged steps"
     for step, (x, y) in enumerate(zip(a, b)):
@@ -389,17 +533,23 @@ def summarize(runs: list[dict[str, Any]], skip_first: bool = True) -> dict[str, 
     return out
 
 
+def workers_rss(runs: list[dict[str, Any]]) -> str:
+    if not any(r.get("mode", {}).get("executor") for r in runs):
+        return ""
+    return f" ({med([r.get('workers_peak_rss_mb', math.nan) for r in runs]):,.0f})"
+
+
 def render(results: dict[str, dict[str, list[dict[str, Any]]]], checks: dict[str, dict[str, str]], args) -> str:
     variants = list(dict.fromkeys(v for r in results.values() for v in r))
     python = next(r["python"] for w in results.values() for v in w.values() for r in v)
     lines = [
-        f"tinker-cookbook `rl.train.main` (sync, defaults), tinker's client, fake service on loopback; "
+        f"tinker-cookbook `rl.train.main` ({describe_mode(args)}), tinker's client, fake service on loopback; "
         f"Python {python}; {args.steps} steps per run, {args.runs} run(s) per variant, alternating; "
         "medians over steps after each run's first (ms per step)",
         "",
         "| workload | variant | wall | ratio | client CPU | ratio | rollout CPU | train CPU | GC (full) | collections full / young "
-        "| page faults (train) | peak RSS MB | bodies, metrics |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| page faults (train) | peak RSS MB (workers) | bodies, metrics | workers' install |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for name, by_variant in results.items():
         base = summarize(by_variant["stock"]) if "stock" in by_variant else None
@@ -414,9 +564,43 @@ def render(results: dict[str, dict[str, list[dict[str, Any]]]], checks: dict[str
                 f"{s['train_cpu_ms']:,.0f} | {s['gc_ms']:,.0f} ({s['gc_full_ms']:,.0f}) | "
                 f"{s['full_collections']:.0f} / {s['young_collections']:.0f} | "
                 f"{s['faults']:,.0f} ({s['train_faults']:,.0f}) | "
-                f"{s['peak_rss_mb']:,.0f} | {checks[name].get(v, '')} |"
+                f"{s['peak_rss_mb']:,.0f}{workers_rss(by_variant[v])} | {checks[name].get(v, '')} | {workers_seen(by_variant[v])} |"
             )
     return "\n".join(lines)
+
+
+def mode_flags(args: argparse.Namespace) -> list[str]:
+    out = ["--executor", args.executor] if args.executor else []
+    out += ["--async", "--off-policy", str(args.off_policy)] if args.async_ else []
+    out += ["--stream-minibatch", "--minibatches", str(args.minibatches)] if args.stream_minibatch else []
+    out += ["--batch-scale", str(args.batch_scale)] if args.batch_scale != 1 else []
+    return out
+
+
+def describe_mode(args: argparse.Namespace) -> str:
+    parts = []
+    if args.executor:
+        parts.append(f"rollout_executor {args.executor}")
+    if args.async_:
+        parts.append(f"async (max_steps_off_policy={args.off_policy})")
+    if args.stream_minibatch:
+        parts.append(f"stream-minibatch ({args.minibatches} minibatches)")
+    if args.batch_scale != 1:
+        parts.append(f"{args.batch_scale}x groups per step")
+    return ", ".join(parts) or "sync, defaults"
+
+
+def workers_seen(runs: list[dict[str, Any]]) -> str:
+    """What the runs' workers reported: workers, rollouts, pieces, GC steps."""
+    entries = [e for r in runs for e in r.get("workers", [])]
+    if not entries:
+        return ""
+    pieces = sorted({len(e.get("installed", ())) for e in entries})
+    rollouts = sum(e.get("counters", {}).get("rollouts", 0) for e in entries)
+    gc_steps = sum(e.get("counters", {}).get("gc_steps", 0) for e in entries)
+    merged = sum(e.get("counters", {}).get("merged_calls", 0) for e in entries)
+    out = f"{len(entries)} workers: {'/'.join(map(str, pieces))} pieces, {rollouts} rollouts, {gc_steps} GC steps"
+    return out + (f", {merged} calls merged" if merged else "")
 
 
 def main() -> None:
@@ -437,6 +621,12 @@ def main() -> None:
         help="a group's members share the first prompt (as GRPO groups do); what installed+coalesce merges",
     )
     p.add_argument("--gc-config", default="{}", help="StepCollector arguments as JSON")
+    p.add_argument("--executor", default=None, help="process:N, forkserver:N or ray:N: the rollouts in N workers")
+    p.add_argument("--async", dest="async_", action="store_true", help="AsyncConfig (off-policy)")
+    p.add_argument("--off-policy", type=int, default=1, help="--async's max_steps_off_policy")
+    p.add_argument("--stream-minibatch", action="store_true", help="StreamMinibatchConfig")
+    p.add_argument("--minibatches", type=int, default=2, help="--stream-minibatch's num_minibatches")
+    p.add_argument("--batch-scale", type=int, default=1, help="K times the workload's groups per step")
     p.add_argument("--out", default=None, help="also write the table and raw results here (.md, .json)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
@@ -471,6 +661,7 @@ def main() -> None:
                     cmd += ["--kl-coef", str(args.kl_coef), "--kl-discount", str(args.kl_discount)]
                     cmd += [] if args.install_kl else ["--no-install-kl"]
                     cmd += ["--shared-prompt"] if args.shared_prompt else []
+                    cmd += mode_flags(args)
                     t0 = time.perf_counter()
                     env = {**os.environ, "TINKER_RL_DATA_HUGEPAGES": "0"} if v.endswith(NO_HUGE_PAGES) else None
                     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -484,15 +675,16 @@ def main() -> None:
                         verdict = f"reference ({len(bodies)} requests)"
                     else:
                         any_order = args.shared_prompt
+                        per = request_order(args)
                         problems = [
                             x
                             for x in (
-                                compare_bodies(reference[0], bodies, any_order),
-                                compare_metrics(reference[1], r["metrics"]),
+                                compare_run_bodies(reference[0], bodies, per, any_order),
+                                compare_metrics(reference[1], r["metrics"], loose=args.async_),
                             )
                             if x
                         ]
-                        same = "equal up to Datum order" if any_order else "equal"
+                        same = "equal up to Datum order" if any_order or per is not None else "equal"
                         verdict = "; ".join(problems) if problems else f"{same} ({len(bodies)} requests)"
                     prev = checks[name].get(v)
                     checks[name][v] = verdict if prev in (None, verdict) or prev.startswith("reference") else f"{prev}; {verdict}"

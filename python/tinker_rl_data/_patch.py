@@ -167,6 +167,18 @@ REGISTRY: tuple[Piece, ...] = (
             ("distillation.train_on_policy", "incorporate_kl_penalty", "distillation_incorporate_kl_penalty"),
         )
     ),
+    # install() in the rollout executor's workers (``_workers.py``).
+    Piece(
+        "tinker_cookbook",
+        "tinker_cookbook.rl.rollouts",
+        "_run_rollout_sync",
+        "workers",
+        "._workers:make_entry",
+        "._workers:probe_entry",
+        spread=False,
+        label="rollout workers install too",
+        undo="._workers:uninstalled",
+    ),
     # The GC held to the step: the training loops and their once-per-step
     # functions wrapped (``_gc_step.py``).
     *(

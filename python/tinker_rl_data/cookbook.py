@@ -436,7 +436,12 @@ def install(
     options = {"data", "step"} | ({"kl"} if kl else set()) | ({"wire"} if wire else set()) | ({"gc"} if gc else set())
     if coalesce:
         options.add("coalesce")
-    return _patch.install(options, owner=__name__, strict=strict)
+    options.add("workers")
+    report = _patch.install(options, owner=__name__, strict=strict)
+    from . import _workers
+
+    _workers.follow(options, strict)
+    return report
 
 
 def uninstall() -> None:
@@ -447,6 +452,9 @@ def uninstall() -> None:
     from . import _patch
 
     _patch.uninstall(owner=__name__)
+    from . import _workers
+
+    _workers.stop()
 
 
 if __name__ == "__main__":
