@@ -53,8 +53,9 @@ With a rollout executor, each run also reports what its workers installed
 (tinker_rl_data._workers.seen(): pieces, rollouts, GC steps, coalesced
 calls). Async and stream-minibatch bodies are compared as multisets of
 Datums over the whole run (which group lands in which request depends on
-completion order); their metrics are compared per step only where the
-mode's order is deterministic (see compare_metrics' `loose`).
+completion order); async metrics are compared in the steps that trained the
+same groups as the reference run (same_groups_steps), stream-minibatch's in
+every step.
 
     python bench/trainer.py [--steps N] [--runs R] [--workload NAME ...]
                             [--variants stock,installed,installed+gc] [--out PATH]
@@ -463,41 +464,25 @@ def compare_run_bodies(a: dict[str, bytes], b: dict[str, bytes], per: int | None
     return None
 
 
-#: Metrics that depend on which groups a step trains or on which weights
-#: sampled them: in async mode that is completion order, so they differ
-#: between two stock runs as well; compared per run, not per step.
-ORDER_DEPENDENT_PREFIXES = ("env/", "optim/", "sampling_client/", "ac_tokens", "ob_tokens", "tokens/", "cost/", "reward", "by_group/", "progress/")
+def same_groups_steps(a: dict[str, bytes], b: dict[str, bytes]) -> list[int]:
+    """Async (one request per step): the steps whose request holds the same
+    Datums (as a multiset) in both runs, i.e. trained the same groups."""
+    names = sorted(a)
+    return [i for i, n in enumerate(names) if n in b and datum_multiset(a[n]) == datum_multiset(b[n])]
 
 
 def comparable(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in metrics]
 
 
-def compare_metrics(a: list[dict[str, Any]], b: list[dict[str, Any]], loose: bool = False) -> str | None:
+def compare_metrics(a: list[dict[str, Any]], b: list[dict[str, Any]], steps: list[int] | None = None) -> str | None:
     """None when equal: same keys, integers and strings equal, floats within
     float32 rounding (relative 1e-5, absolute 1e-5 of a unit-size term).
-    ``loose`` (async): per step the same keys, and the values of keys that
-    depend on completion order (ORDER_DEPENDENT_PREFIXES) compared as the
-    run's multiset of values (rounded to 5 significant digits)."""
+    ``steps``: only those steps (async: the steps that trained the same
+    groups in both runs, same_groups_steps)."""
     a, b = comparable(a), comparable(b)
-    if loose:
-        if [sorted(x) for x in a] != [sorted(y) for y in b]:
-            return "the steps' keys differ"
-
-        def split(ms: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list[Any]]]:
-            fixed, pooled = [], {}
-            for m in ms:
-                fixed.append({k: v for k, v in m.items() if not k.startswith(ORDER_DEPENDENT_PREFIXES)})
-                for k, v in m.items():
-                    if k.startswith(ORDER_DEPENDENT_PREFIXES):
-                        pooled.setdefault(k, []).append(float(f"{v:.5g}") if isinstance(v, float) else v)
-            return fixed, {k: sorted(v, key=repr) for k, v in pooled.items()}
-
-        (fa, pa), (fb, pb) = split(a), split(b)
-        if pa != pb:
-            bad = sorted(k for k in pa if pa[k] != pb.get(k))
-            return f"per run, values differ: {bad[:5]}"
-        a, b = fa, fb
+    if steps is not None and len(a) == len(b):
+        a, b = [a[i] for i in steps], [b[i] for i in steps]
     if len(a) != len(b):
         return f"{len(a)} vs {len(b)} logged steps"
     for step, (x, y) in enumerate(zip(a, b)):
@@ -676,16 +661,19 @@ def main() -> None:
                     else:
                         any_order = args.shared_prompt
                         per = request_order(args)
+                        steps = same_groups_steps(reference[0], bodies) if args.async_ and not args.stream_minibatch else None
                         problems = [
                             x
                             for x in (
                                 compare_run_bodies(reference[0], bodies, per, any_order),
-                                compare_metrics(reference[1], r["metrics"], loose=args.async_),
+                                compare_metrics(reference[1], r["metrics"], steps),
                             )
                             if x
                         ]
                         same = "equal up to Datum order" if any_order or per is not None else "equal"
                         verdict = "; ".join(problems) if problems else f"{same} ({len(bodies)} requests)"
+                        if steps is not None:
+                            verdict += f"; metrics compared in the {len(steps)} of {len(bodies)} steps that trained the same groups"
                     prev = checks[name].get(v)
                     checks[name][v] = verdict if prev in (None, verdict) or prev.startswith("reference") else f"{prev}; {verdict}"
                     walls = ", ".join(f"{s['wall_ms']:,.0f}" for s in r["steps"])
