@@ -47,6 +47,18 @@ and each worker's first summary is logged once on the ``tinker_rl_data``
 logger: INFO when it installed what the driver did, WARNING naming what it
 left out otherwise.
 
+Wiring (the interface to the rest of the package):
+
+- ``_patch.REGISTRY``: one Piece, option ``"workers"``, at
+  ``tinker_cookbook.rl.rollouts._run_rollout_sync``, ``make``
+  :func:`make_entry`, ``probe`` :func:`probe_entry`, ``undo``
+  :func:`uninstalled`, ``spread=False``, label :data:`WORKERS_TITLE`;
+- ``cookbook.install``: ``options.add("workers")`` before
+  ``_patch.install``, then ``_workers.follow(options, strict)``;
+- ``cookbook.uninstall``: ``_workers.stop()`` after ``_patch.uninstall``
+  (the piece's undo does it too);
+- ``status()`` may add :func:`describe`'s lines (one per worker seen).
+
 Not handled: a worker installed by one driver settings stays so (an
 ``uninstall()`` or a new ``install()`` in the driver changes what new
 workers do, not what running ones did); ``TINKER_RL_DATA_INT_READ`` is
@@ -103,9 +115,10 @@ def follow(options: Any, strict: bool | None = None) -> None:
 
     global _settings
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("TINKER_RL_DATA_")))
-    if os.environ.get("TINKER_RL_DATA_DISABLE", "") == "1":
-        return
     with _settings_lock:
+        if os.environ.get("TINKER_RL_DATA_DISABLE", "") == "1":
+            _settings = None  # install() was a no-op: so are the workers'
+            return
         _settings = Settings(
             options=tuple(sorted(set(options) - {"workers"})),
             strict=_strict(strict),
