@@ -314,6 +314,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
             **modes,
         )
         t0 = time.perf_counter()
+        children_cpu_start = children_cpu()
         try:
             asyncio.run(train.main(config, rollout_executor=executor))
         finally:
@@ -360,6 +361,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker) -> dict
         "installed": [] if variant == "stock" else [t for t, _ in tinker_rl_data.status().installed],
         "left_to_cookbook": left,
         "workers": _workers.seen(),
+        "children_cpu_s": children_cpu() - children_cpu_start,
         "workers_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         "mode": {"executor": args.executor, "async": args.async_, "stream_minibatch": args.stream_minibatch,
                  "batch_scale": args.batch_scale},
@@ -386,6 +388,15 @@ def make_executor(spec: str | None) -> Any:
 
         return RayExecutor(workers)
     raise SystemExit(f"--executor: unknown kind {kind!r} (process:N, forkserver:N, ray:N)")
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's reaped children (pool workers, the
+    fake service once it exits)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def coalesced_counts() -> dict[str, int] | None:

@@ -73,6 +73,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -227,6 +228,7 @@ class _Worker:
     probe_ms: float = 0.0
     collector: Any = None
     rollouts: int = 0
+    step_gc_ms: float = 0.0
     summary_sent: bool = False
 
 
@@ -311,7 +313,9 @@ def run_rollout(settings: Settings | None, task: Any) -> Any:
     finally:
         state.rollouts += 1
         if state.collector is not None:
+            start = time.perf_counter()
             state.collector.step_ended()
+            state.step_gc_ms += (time.perf_counter() - start) * 1e3
     if settings.driver == _me():
         return result  # not pickled back: the cookbook's result as it is
     summary = None
@@ -330,8 +334,16 @@ def run_rollout(settings: Settings | None, task: Any) -> Any:
 def _counters(state: _Worker) -> dict[str, Any]:
     import sys
 
-    out: dict[str, Any] = {"rollouts": state.rollouts}
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out: dict[str, Any] = {
+        "rollouts": state.rollouts,
+        "cpu_ms": round((usage.ru_utime + usage.ru_stime) * 1e3),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024),
+    }
     if state.collector is not None:
+        out["gc_step_ms"] = round(state.step_gc_ms, 1)
         stats = state.collector.stats
         out["gc_steps"] = stats.steps
         out["gc_guard_collections"] = stats.guard_collections
@@ -397,8 +409,10 @@ def seen() -> list[dict[str, Any]]:
     """Per worker that sent a result back since the last :func:`reset`:
     host, pid, how (installed, inherited, failed, disabled), options,
     installed (titles), left ((title, why)), probe_ms, and counters
-    (rollouts, gc_steps, gc_guard_collections, gc_young_collections,
-    gc_froze, merged_calls, merged_requests: as of its latest result)."""
+    (rollouts, cpu_ms and peak_rss_mb of the worker process, gc_steps,
+    gc_step_ms (the full collections at the rollouts' ends),
+    gc_guard_collections, gc_young_collections, gc_froze, merged_calls,
+    merged_requests: as of its latest result)."""
     with _seen_lock:
         return [dict(entry) for entry in _seen.values()]
 
