@@ -226,6 +226,7 @@ class _Worker:
     installed: list[str] = field(default_factory=list)
     left: list[tuple[str, str]] = field(default_factory=list)
     probe_ms: float = 0.0
+    setup_ms: float = 0.0
     collector: Any = None
     rollouts: int = 0
     step_gc_ms: float = 0.0
@@ -306,7 +307,9 @@ def run_rollout(settings: Settings | None, task: Any) -> Any:
     if _worker is None:
         with _worker_lock:
             if _worker is None:
+                start = time.perf_counter()
                 _worker = _set_up(settings)
+                _worker.setup_ms = (time.perf_counter() - start) * 1e3
     state = _worker
     try:
         result = original(task)
@@ -327,6 +330,7 @@ def run_rollout(settings: Settings | None, task: Any) -> Any:
             "installed": state.installed,
             "left": state.left,
             "probe_ms": round(state.probe_ms, 1),
+            "setup_ms": round(state.setup_ms, 1),
         }
     return _Delivery(_me(), summary, _counters(state), result)
 
@@ -408,7 +412,9 @@ def _log_worker(entry: dict[str, Any]) -> None:
 def seen() -> list[dict[str, Any]]:
     """Per worker that sent a result back since the last :func:`reset`:
     host, pid, how (installed, inherited, failed, disabled), options,
-    installed (titles), left ((title, why)), probe_ms, and counters
+    installed (titles), left ((title, why)), probe_ms, setup_ms (the
+    worker's install: imports, probes, the collector's first collection
+    and freeze), and counters
     (rollouts, cpu_ms and peak_rss_mb of the worker process, gc_steps,
     gc_step_ms (the full collections at the rollouts' ends),
     gc_guard_collections, gc_young_collections, gc_froze, merged_calls,
