@@ -442,17 +442,18 @@ def compare_bodies(a: dict[str, bytes], b: dict[str, bytes], any_order: bool = F
     return None
 
 
-def request_order(args: argparse.Namespace) -> int | None:
+def request_order(args: argparse.Namespace, requests: int) -> int | None:
     """How many consecutive requests (in seq_id order) hold one step's
     groups in a mode whose order is not deterministic: stream-minibatch,
-    each step's `num_minibatches` requests (a step's groups are fixed, their
-    split into minibatches is completion order); async, the whole run (0:
-    which step trains a group depends on completion order too); None: each
-    request in order."""
+    each step's requests (a step's groups are fixed, their split into
+    minibatches, and tinker's into requests, is completion order): the
+    run's ``requests`` over its steps; async, the whole run (0: which step
+    trains a group depends on completion order too); None: each request in
+    order."""
     if args.async_:
         return 0
     if args.stream_minibatch:
-        return args.minibatches
+        return requests // args.steps if requests % args.steps == 0 else 0
     return None
 
 
@@ -671,7 +672,7 @@ def main() -> None:
                         verdict = f"reference ({len(bodies)} requests)"
                     else:
                         any_order = args.shared_prompt
-                        per = request_order(args)
+                        per = request_order(args, len(reference[0]))
                         steps = None
                         if args.async_:
                             # Which groups a step trained is known here only
