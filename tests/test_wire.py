@@ -619,7 +619,7 @@ import sys, warnings
 sys.modules["tinker_cookbook"] = None
 import tinker_rl_data.cookbook as c
 from tinker_rl_data._patch import REGISTRY
-n = sum(p.package == "tinker_cookbook" and p.option in ("data", "step", "gc", "kl") for p in REGISTRY)  # the defaults
+n = sum(p.package == "tinker_cookbook" and p.option in ("data", "step", "gc", "kl", "workers") for p in REGISTRY)  # the defaults
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     report = c.install()
