@@ -72,8 +72,9 @@ class TokenGroupBuilder(EnvGroupBuilder):
 
 
 class TokenDataset(RLDataset):
-    def __init__(self, workload: Workload, steps: int, seed: int, shared_prompt: bool) -> None:
+    def __init__(self, workload: Workload, steps: int, seed: int, shared_prompt: bool, batch_scale: int = 1) -> None:
         self.workload, self.steps, self.seed, self.shared_prompt = workload, steps, seed, shared_prompt
+        self.batch_scale = batch_scale
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         w = self.workload
@@ -87,7 +88,7 @@ class TokenDataset(RLDataset):
                 tag=f"task{g % 7}",
                 shared_prompt=self.shared_prompt,
             )
-            for g in range(w.groups)
+            for g in range(w.groups * self.batch_scale)
         ]
 
     def __len__(self) -> int:
@@ -100,9 +101,11 @@ class TokenDatasetBuilder(RLDatasetBuilder):
     steps: int
     seed: int = 0
     shared_prompt: bool = False
+    batch_scale: int = 1
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
-        return TokenDataset(LOOP_WORKLOADS[self.workload], self.steps, self.seed, self.shared_prompt), None
+        workload = LOOP_WORKLOADS[self.workload]
+        return TokenDataset(workload, self.steps, self.seed, self.shared_prompt, self.batch_scale), None
 
 
 class StubTokenizer:

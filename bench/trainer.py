@@ -39,11 +39,38 @@ compared with the first stock run's: bodies parsed as protobuf and
 re-serialized deterministically (map order is per process), metrics equal
 (integers) or within float32 rounding (floats, see docs/contract.md §9).
 
+Modes users run (each applies to every variant of the invocation):
+
+  --executor process:N | forkserver:N | ray:N
+                the group rollouts in N worker processes:
+                `rl.train.main(config, rollout_executor=...)` with a
+                ProcessPoolExecutor (spawn or forkserver) or a Ray-backed
+                concurrent.futures.Executor (bench/ray_executor.py; `ray`
+                must be installed: a local `ray.init(num_cpus=N)`)
+  --async       AsyncConfig(max_steps_off_policy=--off-policy (1),
+                groups_per_batch=the workload's groups): off-policy, groups
+                streamed into the next step; a step is the time between two
+                logged steps
+  --stream-minibatch
+                StreamMinibatchConfig(groups_per_batch=the workload's groups,
+                num_minibatches=--minibatches (2))
+  --batch-scale K
+                K times the workload's groups per step
+
+With a rollout executor, each run also reports what its workers installed
+(tinker_rl_data.cookbook.workers.seen(): pieces, rollouts, GC steps, coalesced
+calls). Async and stream-minibatch bodies are compared as multisets of
+Datums over the whole run (which group lands in which request depends on
+completion order); async metrics are compared in the steps that trained the
+same groups as the reference run (same_groups_steps), stream-minibatch's in
+every step.
+
     python bench/trainer.py [--steps N] [--runs R] [--workload NAME ...]
                             [--variants stock,installed,installed+gc] [--out PATH]
+                            [--executor KIND:N] [--async] [--stream-minibatch]
 
 A variant's options for the collector: installed+gc:headroom=0.1&young=700
-(StepCollector's arguments, set by tinker_rl_data._gc_step.configure()).
+(StepCollector's arguments, set by tinker_rl_data.cookbook.gc_step.configure()).
 VARIANT/user-step, VARIANT/user-loop: a user's hook on the step function
 (do_train_step_and_get_sampling_client) or the loop (do_sync_training) put
 there before install(), which keeps it. VARIANT/guard-only (after those):
@@ -67,7 +94,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE)]
+sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
+
+# The checks a run is compared with are the tests' (tests/support/trainer_checks.py).
+from support.trainer_checks import (  # noqa: E402
+    canonical_bodies,
+    compare_bodies,
+    compare_metrics,
+    compare_run_bodies,
+    comparable,
+    same_groups_steps,
+)
 
 MODEL = "fake/model-8b"
 VARIANTS = ("stock", "installed", "installed+gc")
@@ -217,12 +254,15 @@ def run_child(args: argparse.Namespace) -> None:
     original_get_batch = TokenDataset.get_batch
 
     def get_batch(self, index):
-        probe.mark("step_start")
+        # Async: the dataloader runs ahead; a step starts where the last ended.
+        if not args.async_ or not probe.steps:
+            probe.mark("step_start")
         return original_get_batch(self, index)
 
     TokenDataset.get_batch = get_batch
 
     probe.cookbook_train_step = train.do_train_step_and_get_sampling_client
+    probe.cookbook_streaming_step = train.do_train_step_streaming_and_get_sampling_client
 
     logged: list[dict[str, Any]] = []
     original_setup = ml_log.setup_logging
@@ -235,6 +275,8 @@ def run_child(args: argparse.Namespace) -> None:
             if probe.current is not None and step is not None and step < args.steps:
                 logged.append({"step": step, **metrics})
                 probe.mark("step_end")
+                if args.async_ and step + 1 < args.steps:
+                    probe.mark("step_start")
             return original_log(metrics, step, *la, **lkw)
 
         logger.log_metrics = log_metrics
@@ -267,6 +309,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
     # The timing hook goes around whatever install() put in: install() sees
     # the cookbook's own function (a hook there would be kept as a user's).
     train.do_train_step_and_get_sampling_client = probe.cookbook_train_step
+    train.do_train_step_streaming_and_get_sampling_client = probe.cookbook_streaming_step
     collector = None
     label, variant = variant, variant.removesuffix(NO_HUGE_PAGES)
     variant, _, tolerance = variant.partition("@")  # VARIANT@failfast|retry|minviable: its own --tolerance
@@ -315,6 +358,20 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
 
     train.do_train_step_and_get_sampling_client = train_step
 
+    inner_streaming_step = train.do_train_step_streaming_and_get_sampling_client
+
+    async def streaming_step(*a, **kw):
+        probe.mark("train_start")
+        try:
+            return await inner_streaming_step(*a, **kw)
+        finally:
+            probe.mark("train_end")
+
+    train.do_train_step_streaming_and_get_sampling_client = streaming_step
+    from tinker_rl_data.cookbook import workers as _workers
+
+    _workers.reset()
+
     # What tinker_rl_data left to the cookbook's own functions (logged once
     # per reason at INFO).
     import logging
@@ -332,11 +389,21 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
 
     workload = LOOP_WORKLOADS[args.workload]
     error = None
+    groups = workload.groups * args.batch_scale
+    modes: dict[str, Any] = {}
+    if args.async_:
+        modes["async_config"] = train.AsyncConfig(max_steps_off_policy=args.off_policy, groups_per_batch=groups)
+    if args.stream_minibatch:
+        modes["stream_minibatch_config"] = train.StreamMinibatchConfig(
+            groups_per_batch=groups, num_minibatches=args.minibatches
+        )
     with tempfile.TemporaryDirectory() as log_path, FakeTinker(seed=args.seed, record=record, faults=faults) as fake:
+        executor = make_executor(args.executor)
         config = train.Config(
             learning_rate=1e-5,
             dataset_builder=TokenDatasetBuilder(
-                workload=args.workload, steps=args.steps, seed=args.seed, shared_prompt=args.shared_prompt
+                workload=args.workload, steps=args.steps, seed=args.seed, shared_prompt=args.shared_prompt,
+                batch_scale=args.batch_scale,
             ),
             model_name=MODEL,
             max_tokens=workload.completion,
@@ -345,10 +412,12 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
             recipe_name="bench_trainer",
             **kl_options(args),
             **tolerance_options(args, tolerance or args.tolerance),
+            **modes,
         )
         t0 = time.perf_counter()
+        children_cpu_start = children_cpu()
         try:
-            asyncio.run(train.main(config))
+            asyncio.run(train.main(config, rollout_executor=executor))
         except Exception as exc:
             if not args.faults:
                 raise
@@ -363,6 +432,9 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
         m = s["marks"]
         if "step_end" not in m or "train_start" not in m:  # a batch the cookbook skipped (every group failed)
             continue
+        nan = (math.nan, math.nan, math.nan)
+        m.setdefault("train_start", nan)
+        m.setdefault("train_end", nan)
         steps.append(
             {
                 "wall_ms": (m["step_end"][0] - m["step_start"][0]) * 1e3,
@@ -399,9 +471,43 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
         "error": error,
         "installed": [] if variant == "stock" else [t for t, _ in tinker_rl_data.status().installed],
         "left_to_cookbook": left,
+        "workers": _workers.seen(),
+        "children_cpu_s": children_cpu() - children_cpu_start,
+        "workers_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+        "mode": {"executor": args.executor, "async": args.async_, "stream_minibatch": args.stream_minibatch,
+                 "batch_scale": args.batch_scale},
     }
     logging.getLogger("tinker_rl_data").removeHandler(left_handler)
     return out
+
+
+def make_executor(spec: str | None) -> Any:
+    """``process:N`` / ``forkserver:N`` (a ProcessPoolExecutor of N workers
+    started so), ``ray:N`` (bench/ray_executor.py), or None."""
+    if not spec:
+        return None
+    kind, _, n = spec.partition(":")
+    workers = int(n or 2)
+    if kind in ("process", "spawn", "forkserver"):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        context = multiprocessing.get_context("forkserver" if kind == "forkserver" else "spawn")
+        return ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    if kind == "ray":
+        from ray_executor import RayExecutor
+
+        return RayExecutor(workers)
+    raise SystemExit(f"--executor: unknown kind {kind!r} (process:N, forkserver:N, ray:N)")
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's reaped children (pool workers, the
+    fake service once it exits)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def coalesced_counts() -> dict[str, int] | None:
@@ -414,59 +520,18 @@ def coalesced_counts() -> dict[str, int] | None:
 # comparing runs
 
 
-def canonical_bodies(record: Path) -> dict[str, bytes]:
-    """Each recorded forward_backward body, re-serialized deterministically."""
-    from tinker.proto import tinker_public_pb2 as pb
-
-    out = {}
-    for path in sorted(record.glob("fwdbwd-*.pb")):
-        msg = pb.ForwardBackwardRequest()
-        msg.ParseFromString(path.read_bytes())
-        out[path.name] = msg.SerializeToString(deterministic=True)
-    return out
-
-
-def datum_multiset(body: bytes) -> list[bytes]:
-    """A request's Datums, each serialized deterministically, sorted."""
-    from tinker.proto import tinker_public_pb2 as pb
-
-    msg = pb.ForwardBackwardRequest()
-    msg.ParseFromString(body)
-    return sorted(d.SerializeToString(deterministic=True) for d in msg.data)
-
-
-def compare_bodies(a: dict[str, bytes], b: dict[str, bytes], any_order: bool = False) -> str | None:
-    """None when equal. ``any_order`` (groups sharing a prompt): a request's
-    Datums may come in another order, as which of a group's concurrent
-    sample calls gets which draw is their arrival order at the service."""
-    if a.keys() != b.keys():
-        return f"requests differ: {sorted(a)} vs {sorted(b)}"
-    for name in a:
-        if a[name] != b[name] and not (any_order and datum_multiset(a[name]) == datum_multiset(b[name])):
-            return f"{name} differs ({len(a[name])} vs {len(b[name])} bytes)"
-    return None
-
-
-def comparable(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in metrics]
-
-
-def compare_metrics(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> str | None:
-    """None when equal: same keys, integers and strings equal, floats within
-    float32 rounding (relative 1e-5, absolute 1e-5 of a unit-size term)."""
-    a, b = comparable(a), comparable(b)
-    if len(a) != len(b):
-        return f"{len(a)} vs {len(b)} logged steps"
-    for step, (x, y) in enumerate(zip(a, b)):
-        if x.keys() != y.keys():
-            return f"step {step}: keys differ: {sorted(x.keys() ^ y.keys())}"
-        for k in x:
-            u, v = x[k], y[k]
-            if isinstance(u, float) or isinstance(v, float):
-                if not (u == v or (math.isnan(u) and math.isnan(v)) or math.isclose(u, v, rel_tol=1e-5, abs_tol=1e-5)):
-                    return f"step {step}: {k}: {u!r} vs {v!r}"
-            elif u != v:
-                return f"step {step}: {k}: {u!r} vs {v!r}"
+def request_order(args: argparse.Namespace, requests: int) -> int | None:
+    """How many consecutive requests (in seq_id order) hold one step's
+    groups in a mode whose order is not deterministic: stream-minibatch,
+    each step's requests (a step's groups are fixed, their split into
+    minibatches, and tinker's into requests, is completion order): the
+    run's ``requests`` over its steps; async, the whole run (0: which step
+    trains a group depends on completion order too); None: each request in
+    order."""
+    if args.async_:
+        return 0
+    if args.stream_minibatch:
+        return requests // args.steps if requests % args.steps == 0 else 0
     return None
 
 
@@ -490,17 +555,23 @@ def summarize(runs: list[dict[str, Any]], skip_first: bool = True) -> dict[str, 
     return out
 
 
+def workers_rss(runs: list[dict[str, Any]]) -> str:
+    if not any(r.get("mode", {}).get("executor") for r in runs):
+        return ""
+    return f" ({med([r.get('workers_peak_rss_mb', math.nan) for r in runs]):,.0f})"
+
+
 def render(results: dict[str, dict[str, list[dict[str, Any]]]], checks: dict[str, dict[str, str]], args) -> str:
     variants = list(dict.fromkeys(v for r in results.values() for v in r))
     python = next(r["python"] for w in results.values() for v in w.values() for r in v)
     lines = [
-        f"tinker-cookbook `rl.train.main` (sync, defaults), tinker's client, fake service on loopback; "
+        f"tinker-cookbook `rl.train.main` ({describe_mode(args)}), tinker's client, fake service on loopback; "
         f"Python {python}; {args.steps} steps per run, {args.runs} run(s) per variant, alternating; "
         "medians over steps after each run's first (ms per step)",
         "",
         "| workload | variant | wall | ratio | client CPU | ratio | rollout CPU | train CPU | GC (full) | collections full / young "
-        "| page faults (train) | peak RSS MB | bodies, metrics |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| page faults (train) | peak RSS MB (workers) | bodies, metrics | workers' install |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for name, by_variant in results.items():
         base = summarize(by_variant["stock"]) if "stock" in by_variant else None
@@ -515,7 +586,7 @@ def render(results: dict[str, dict[str, list[dict[str, Any]]]], checks: dict[str
                 f"{s['train_cpu_ms']:,.0f} | {s['gc_ms']:,.0f} ({s['gc_full_ms']:,.0f}) | "
                 f"{s['full_collections']:.0f} / {s['young_collections']:.0f} | "
                 f"{s['faults']:,.0f} ({s['train_faults']:,.0f}) | "
-                f"{s['peak_rss_mb']:,.0f} | {checks[name].get(v, '')} |"
+                f"{s['peak_rss_mb']:,.0f}{workers_rss(by_variant[v])} | {checks[name].get(v, '')} | {workers_seen(by_variant[v])} |"
             )
     return "\n".join(lines)
 
@@ -561,6 +632,40 @@ def render_soak(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
     return "\n".join(lines)
 
 
+def mode_flags(args: argparse.Namespace) -> list[str]:
+    out = ["--executor", args.executor] if args.executor else []
+    out += ["--async", "--off-policy", str(args.off_policy)] if args.async_ else []
+    out += ["--stream-minibatch", "--minibatches", str(args.minibatches)] if args.stream_minibatch else []
+    out += ["--batch-scale", str(args.batch_scale)] if args.batch_scale != 1 else []
+    return out
+
+
+def describe_mode(args: argparse.Namespace) -> str:
+    parts = []
+    if args.executor:
+        parts.append(f"rollout_executor {args.executor}")
+    if args.async_:
+        parts.append(f"async (max_steps_off_policy={args.off_policy})")
+    if args.stream_minibatch:
+        parts.append(f"stream-minibatch ({args.minibatches} minibatches)")
+    if args.batch_scale != 1:
+        parts.append(f"{args.batch_scale}x groups per step")
+    return ", ".join(parts) or "sync, defaults"
+
+
+def workers_seen(runs: list[dict[str, Any]]) -> str:
+    """What the runs' workers reported: workers, rollouts, pieces, GC steps."""
+    entries = [e for r in runs for e in r.get("workers", [])]
+    if not entries:
+        return ""
+    pieces = sorted({len(e.get("installed", ())) for e in entries})
+    rollouts = sum(e.get("counters", {}).get("rollouts", 0) for e in entries)
+    gc_steps = sum(e.get("counters", {}).get("gc_steps", 0) for e in entries)
+    merged = sum(e.get("counters", {}).get("merged_calls", 0) for e in entries)
+    out = f"{len(entries)} workers: {'/'.join(map(str, pieces))} pieces, {rollouts} rollouts, {gc_steps} GC steps"
+    return out + (f", {merged} calls merged" if merged else "")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=3)
@@ -589,7 +694,13 @@ def main() -> None:
                    help="rollout_error_tolerance: FailFast, RetryOnFailure, MinViableGroup (default: the cookbook's)")
     p.add_argument("--rollout-timeout", type=float, default=None, help="per_rollout_timeout of --tolerance")
     p.add_argument("--soak", action="store_true", help="also print RSS, full collections and GC ms per step")
-    p.add_argument("--scale", type=int, default=1, help="the workload's groups times this (4: the 4x batches)")
+    p.add_argument("--executor", default=None, help="process:N, forkserver:N or ray:N: the rollouts in N workers")
+    p.add_argument("--async", dest="async_", action="store_true", help="AsyncConfig (off-policy)")
+    p.add_argument("--off-policy", type=int, default=1, help="--async's max_steps_off_policy")
+    p.add_argument("--stream-minibatch", action="store_true", help="StreamMinibatchConfig")
+    p.add_argument("--minibatches", type=int, default=2, help="--stream-minibatch's num_minibatches")
+    p.add_argument("--batch-scale", "--scale", dest="batch_scale", type=int, default=1,
+                   help="K times the workload's groups per step (4: the 4x batches)")
     p.add_argument("--out", default=None, help="also write the table and raw results here (.md, .json)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
@@ -597,13 +708,6 @@ def main() -> None:
     args = p.parse_args()
     if args.child:
         args.workload = args.workload[0]
-        if args.scale != 1:
-            import dataclasses
-
-            from cookbook_env import LOOP_WORKLOADS
-
-            w = LOOP_WORKLOADS[args.workload]
-            LOOP_WORKLOADS[args.workload] = dataclasses.replace(w, groups=w.groups * args.scale)
         run_child(args)
         return
 
@@ -627,7 +731,6 @@ def main() -> None:
                     out = Path(tmp) / f"{name}-{v}-{run}.json"
                     cmd = [sys.executable, __file__, "--child", "--workload", name, "--variant", v]
                     cmd += ["--steps", str(args.steps), "--seed", str(args.seed), "--record", str(record)]
-                    cmd += ["--scale", str(args.scale)]
                     cmd += ["--out", str(out), "--gc-config", args.gc_config]
                     cmd += ["--kl-coef", str(args.kl_coef), "--kl-discount", str(args.kl_discount)]
                     cmd += [] if args.install_kl else ["--no-install-kl"]
@@ -635,6 +738,7 @@ def main() -> None:
                     cmd += ["--faults", args.faults] if args.faults else []
                     cmd += ["--tolerance", args.tolerance] if args.tolerance else []
                     cmd += ["--rollout-timeout", str(args.rollout_timeout)] if args.rollout_timeout else []
+                    cmd += mode_flags(args)
                     t0 = time.perf_counter()
                     env = {**os.environ, "TINKER_RL_DATA_HUGEPAGES": "0"} if v.endswith(NO_HUGE_PAGES) else None
                     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -648,16 +752,27 @@ def main() -> None:
                         verdict = f"reference ({len(bodies)} requests)"
                     else:
                         any_order = args.shared_prompt
+                        per = request_order(args, len(reference[0]))
+                        steps = None
+                        if args.async_:
+                            # Which groups a step trained is known here only
+                            # when each step sent one request.
+                            one_each = len(reference[0]) == len(bodies) == len(comparable(r["metrics"]))
+                            steps = same_groups_steps(reference[0], bodies) if one_each and not args.stream_minibatch else []
                         problems = [
                             x
                             for x in (
-                                compare_bodies(reference[0], bodies, any_order),
-                                compare_metrics(reference[1], r["metrics"]),
+                                compare_run_bodies(reference[0], bodies, per, any_order),
+                                compare_metrics(reference[1], r["metrics"], steps),
                             )
                             if x
                         ]
-                        same = "equal up to Datum order" if any_order else "equal"
+                        same = "equal up to Datum order" if any_order or per is not None else "equal"
                         verdict = "; ".join(problems) if problems else f"{same} ({len(bodies)} requests)"
+                        if steps:
+                            verdict += f"; metrics compared in the {len(steps)} of {len(bodies)} steps that trained the same groups"
+                        elif steps is not None:
+                            verdict += "; metrics not compared (which step trains a group is completion order)"
                     prev = checks[name].get(v)
                     checks[name][v] = verdict if prev in (None, verdict) or prev.startswith("reference") else f"{prev}; {verdict}"
                     walls = ", ".join(f"{s['wall_ms']:,.0f}" for s in r["steps"])

@@ -10,7 +10,8 @@ name                            default    what it does
 ``TINKER_RL_DATA_STRICT``       unset      ``1``: as ``strict=True``: a piece that cannot
                                            go in raises InstallError, nothing installed
 ``TINKER_RL_DATA_SKIP``         empty      comma-separated features (``wire``, ``data``,
-                                           ``step``, ``kl``, ``gc``, ``coalesce``) or piece
+                                           ``step``, ``kl``, ``gc``, ``coalesce``,
+                                           ``workers``) or piece
                                            names (``compute_post_kl``, ``model_dump``)
                                            left out, as if not asked for
 ``TINKER_RL_DATA_GC_HEADROOM``  ``0.15``   the GC guard's bound: collect early once RSS
@@ -30,8 +31,9 @@ takes ``strict`` and installs ``wire`` alone):
 option        default    what it selects
 ============  =========  =====================================================
 ``wire``      on         tinker's forward_backward and sample request bytes
-(always)      on         the cookbook's data processing (``data``) and the
-                         rest of its RL step (``step``)
+(always)      on         the cookbook's data processing (``data``), the rest
+                         of its RL step (``step``), and the same install in
+                         a rollout executor's workers (``workers``)
 ``kl``        on         the KL penalty and distillation passes
 ``gc``        on         Python's cyclic collector held to the trainer's step
 ``gc_headroom`` 0.15     its memory guard (``TINKER_RL_DATA_GC_HEADROOM``)
@@ -55,10 +57,11 @@ FEATURES: dict[str, str] = {
     "kl": "cookbook KL penalty passes",
     "gc": "GC held to the trainer's step",
     "coalesce": "coalesced sampling",
+    "workers": "the same install in rollout workers",
 }
 
 #: Features install() selects unless told otherwise (``coalesce`` is opt-in).
-DEFAULT_FEATURES = frozenset({"wire", "data", "step", "kl", "gc"})
+DEFAULT_FEATURES = frozenset({"wire", "data", "step", "kl", "gc", "workers"})
 
 
 def _flag(name: str) -> bool:

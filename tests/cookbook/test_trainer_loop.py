@@ -23,9 +23,8 @@ except ImportError as exc:
     cookbook_unavailable(exc)
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
 
-from trainer import canonical_bodies, comparable, compare_metrics  # noqa: E402
+from support.trainer_checks import canonical_bodies, comparable, compare_metrics  # noqa: E402
 
 STEPS = 2
 

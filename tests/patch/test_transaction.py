@@ -82,9 +82,10 @@ GC_NAMES = [
     "do_train_step_streaming_and_get_sampling_client",
 ]
 _GC = [(f"GC held to the step: {name}", _RL + "train", name, "gc") for name in GC_NAMES]
+_WORKERS = [("rollout workers install too", _RL + "rollouts", "_run_rollout_sync", "workers")]
 EXPECTED = {
-    "0.6.1": [*_WIRE, *_DATA, *_STEP_BOTH, *_STEP_0_6, *_KL_0_6, *_GC],
-    "0.5.8": [*_WIRE, *_DATA, *_STEP_BOTH, *_GC],
+    "0.6.1": [*_WIRE, *_DATA, *_STEP_BOTH, *_STEP_0_6, *_KL_0_6, *_WORKERS, *_GC],
+    "0.5.8": [*_WIRE, *_DATA, *_STEP_BOTH, *_WORKERS, *_GC],
 }
 PRESENT = EXPECTED.get(tinker_cookbook.__version__, EXPECTED["0.6.1"])
 PRESENT_TITLES = [title for title, *_ in PRESENT]
@@ -158,7 +159,7 @@ def test_the_verified_pair_installs_every_piece_without_a_warning(clean):
     text = str(report)
     assert f"tinker {tinker.__version__} (tested)" in text
     assert re.search(r"^  coalesce +opt-in, not asked", text, re.M)
-    for feature in ("wire", "data", "step", "gc"):
+    for feature in ("wire", "data", "step", "gc", "workers"):
         n = sum(f == feature for *_, f in PRESENT)
         assert re.search(rf"^  {feature} +on, {n} of {n} ", text, re.M), text
     assert str(tinker_rl_data.status()).splitlines()[1:3] == text.splitlines()[1:3]
@@ -507,7 +508,7 @@ def test_the_report_is_one_line_per_feature_and_its_details_name_every_site(clea
     report, _ = install_quietly(coalesce=False, kl=False)
     lines = str(report).splitlines()
     features = [line.split()[0] for line in lines[1:] if line.startswith("  ") and not line.startswith("   ")]
-    assert features[:6] == ["wire", "data", "step", "kl", "gc", "coalesce"]
+    assert features[:7] == ["wire", "data", "step", "kl", "gc", "coalesce", "workers"]
     assert max(len(line) for line in lines) <= 100
     assert re.search(r"^  kl +off \(not asked\)", str(report), re.M)
     details = report.details()

@@ -4,7 +4,8 @@ starts, and the native functions it puts in, importable by name.
 Each module here is one feature, holding its functions, their probes and
 their pieces: :mod:`.data_processing` (``rl.data_processing``),
 :mod:`.step` (the step's metrics and usage), :mod:`.kl` (the KL penalty
-and distillation passes), :mod:`.gc_step` (the collector held to the step).
+and distillation passes), :mod:`.gc_step` (the collector held to the step),
+:mod:`.workers` (the same install in a rollout executor's workers).
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ def install(
       ``gc_headroom``: its memory guard collects early once RSS passes the
       step's start by this fraction (default ``TINKER_RL_DATA_GC_HEADROOM``
       or 0.15).
+    - always, where a rollout executor runs the rollouts in other processes
+      (a spawn or forkserver pool, Ray): each worker installs the same
+      features with the same switches before its first rollout, decided by
+      its own probes (:mod:`.workers`); ``status()`` lists the workers seen.
     - ``coalesce`` (off, opt-in): concurrent identical single-sample calls
       as one request (:mod:`tinker_rl_data.tinker.coalesce`): the same
       distribution of samples, not the same draws.
@@ -89,8 +94,12 @@ def install(
         if not gc_step.COLLECTOR.active:
             gc_step.configure(headroom=gc_headroom)
     asked = {"wire": wire, "kl": kl, "gc": gc, "coalesce": coalesce}
-    features = {"data", "step"} | {name for name, on in asked.items() if on}
-    return transaction.install(features, owner=__name__, strict=strict)
+    features = {"data", "step", "workers"} | {name for name, on in asked.items() if on}
+    report = transaction.install(features, owner=__name__, strict=strict)
+    from . import workers
+
+    workers.follow(features, strict)
+    return report
 
 
 def uninstall() -> None:
@@ -98,6 +107,9 @@ def uninstall() -> None:
     before by :func:`tinker_rl_data.install` stays. Harmless when not
     installed."""
     transaction.uninstall(owner=__name__)
+    from . import workers
+
+    workers.stop()
 
 
 def __getattr__(name: str) -> Any:

@@ -16,7 +16,7 @@ __all__ = ["pieces"]
 def pieces() -> tuple[Piece, ...]:
     """All pieces (importing the feature modules: no tinker-cookbook import,
     no probe, nothing built)."""
-    from ..cookbook import data_processing, gc_step, kl, step
+    from ..cookbook import data_processing, gc_step, kl, step, workers
     from ..tinker import coalesce, forward_backward, sample
 
     return (
@@ -26,5 +26,6 @@ def pieces() -> tuple[Piece, ...]:
         *data_processing.PIECES,
         *step.PIECES,
         *kl.PIECES,
+        *workers.PIECES,
         *gc_step.PIECES,
     )

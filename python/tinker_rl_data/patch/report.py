@@ -29,7 +29,8 @@ class Report:
     ``not_asked``: features not selected; ``skipped``: features or pieces
     turned off by ``TINKER_RL_DATA_SKIP``; ``construction``: how Datums are
     built (``direct`` or why tinker's constructors are used); ``merged``:
-    coalesced sampling's counts; ``probe_ms``: the probes' time.
+    coalesced sampling's counts; ``workers``: one line per rollout worker
+    seen (what it installed, its rollouts); ``probe_ms``: the probes' time.
     """
 
     installed: list[tuple[str, list[str]]] = field(default_factory=list)
@@ -46,6 +47,7 @@ class Report:
     probe_times: dict[str, float] = field(default_factory=dict)
     disabled: bool = False
     merged: dict[str, int] = field(default_factory=dict)
+    workers: list[str] = field(default_factory=list)
 
     @property
     def fast_construction(self) -> bool | None:
@@ -111,6 +113,7 @@ class Report:
                 f"  coalesced sampling: {self.merged.get('merged_calls', 0)} calls sent as "
                 f"{self.merged.get('merged_requests', 0)} requests"
             )
+        lines.extend(f"  worker {line}" for line in self.workers)
         return "\n".join(lines)
 
     def details(self) -> str:

@@ -98,6 +98,10 @@ def status() -> Report:
         from ..tinker import coalesce
 
         report.merged = dict(coalesce.counts())
+    if any(piece.feature == "workers" for piece in _installed):
+        from ..cookbook import workers
+
+        report.workers = workers.describe()
     return report
 
 

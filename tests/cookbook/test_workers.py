@@ -1,0 +1,199 @@
+"""install() in the cookbook's rollout workers (tinker_rl_data.cookbook.workers).
+
+The fast tests check the piece and its pickling in this process and the
+worker's install in a fresh interpreter (a failing probe: one warning, the
+rest installed; strict: the task raises). The trainer tests run
+tinker-cookbook's own `rl.train.main` (bench/trainer.py's child mode, tiny
+workload, stock first, then installed, each against a fresh fake service)
+with a spawn process pool of 2 and, when `ray` is importable, a Ray-backed
+Executor of 2 workers: every forward_backward body equal to stock's (sync
+training: the order is the batch's), every metric but time/* equal, and the
+workers' own reports (tinker_rl_data.cookbook.workers.seen(), carried back with
+their results) show that each installed the driver's pieces and ran the
+rollouts as GC steps. Async and stream-minibatch modes: tests/test_trainer_modes.py.
+
+Costs on the 2-core machine: the fast tests ~5 s; the spawn pool ~45 s
+(each worker imports torch and the cookbook once); Ray ~110 s (a local
+cluster started per variant, ~690 MB per worker), skipped without `ray`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import cookbook_unavailable
+
+try:
+    import tinker_cookbook.rl.rollouts as rollouts
+    import tinker_cookbook.rl.train  # noqa: F401
+except ImportError as exc:
+    cookbook_unavailable(exc)
+
+from tinker_rl_data.cookbook import workers as _workers
+from tinker_rl_data.patch import transaction as _patch
+from tinker_rl_data import cookbook as tcookbook
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+from support.trainer_checks import canonical_bodies, comparable, compare_metrics  # noqa: E402
+
+STEPS = 2
+ROLLOUTS = 2 * STEPS  # tiny: 2 groups per step
+DRIVER_ONLY = {_workers.WORKERS_TITLE}
+
+
+@pytest.fixture
+def installed():
+    report = tcookbook.install()
+    try:
+        yield report
+    finally:
+        tcookbook.uninstall()
+
+
+def test_the_entry_is_installed_and_carries_the_settings(installed):
+    assert _workers.WORKERS_TITLE in [title for title, _ in installed.installed]
+    entry = rollouts._run_rollout_sync
+    assert isinstance(entry, _workers.RolloutEntry)
+    assert entry.original.__module__ == "tinker_cookbook.rl.rollouts"
+    sent = pickle.loads(pickle.dumps(entry))
+    assert type(sent) is _workers._WorkerEntry
+    assert sent.settings.options == ("data", "gc", "kl", "step", "wire")
+    assert sent.settings.driver[1] == os.getpid()
+    assert sent.settings.strict is False
+
+
+def test_uninstall_stops_new_workers_from_installing(installed):
+    entry = rollouts._run_rollout_sync
+    tcookbook.uninstall()
+    assert not isinstance(rollouts._run_rollout_sync, _workers.RolloutEntry)
+    assert _workers.current() is None
+    # A task pickled from an entry still held somewhere: no settings, the
+    # worker installs nothing and runs the cookbook's function.
+    assert pickle.loads(pickle.dumps(entry)).settings is None
+
+
+def test_coalesce_and_strict_are_carried():
+    tcookbook.install(coalesce=True, gc=None, strict=False)
+    try:
+        settings = pickle.loads(pickle.dumps(rollouts._run_rollout_sync)).settings
+        assert settings.options == ("coalesce", "data", "kl", "step", "wire")
+    finally:
+        tcookbook.uninstall()
+
+
+def test_a_result_brings_the_workers_report_back():
+    _workers.reset()
+    result = {"a": 1}
+    back = pickle.loads(pickle.dumps(_workers._Delivery(("elsewhere", 7), {"how": "installed", "installed": ["x"]}, {"rollouts": 1}, result)))
+    assert back == result
+    back = pickle.loads(pickle.dumps(_workers._Delivery(("elsewhere", 7), None, {"rollouts": 2}, None)))
+    assert back is None
+    [entry] = _workers.seen()
+    assert entry["how"] == "installed" and entry["counters"] == {"rollouts": 2} and entry["pid"] == 7
+    assert _workers.describe()[0].startswith("elsewhere:7 installed: 1 piece(s); 2 rollout(s)")
+    _workers.reset()
+
+
+WORKER = textwrap.dedent(
+    """
+    import dataclasses, json, sys, warnings
+    from tinker_rl_data import errors as _patch
+    from tinker_rl_data.cookbook import data_processing, workers as _workers
+    from tinker_rl_data.errors import ProbeFailed
+    from tinker_rl_data.patch import registry
+
+    def failing(original, ours):
+        raise ProbeFailed("made to fail")
+
+    data_processing.PIECES = tuple(
+        dataclasses.replace(p, probe=failing) if p.name == "remove_constant_reward_groups" else p
+        for p in data_processing.PIECES
+    )
+    registry.pieces.cache_clear()
+    settings = _workers.Settings(("data", "gc", "step", "wire"), sys.argv[1] == "strict", (), ("another-host", 1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            state = _workers._set_up(settings)
+        except _patch.InstallError as exc:
+            print(json.dumps({"raised": str(exc)}))
+            sys.exit(0)
+    ours = [str(w.message) for w in caught if issubclass(w.category, _patch.InstallWarning)]
+    print(json.dumps({"how": state.how, "installed": state.installed, "left": state.left, "warnings": ours,
+                      "collector": state.collector is not None and state.collector.active}))
+    """
+)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_worker_whose_probe_fails(strict):
+    proc = subprocess.run(
+        [sys.executable, "-c", WORKER, "strict" if strict else "lenient"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if strict:
+        assert "remove_constant_reward_groups" in out["raised"] and "made to fail" in out["raised"]
+        return
+    assert out["how"] == "installed" and out["collector"] is True
+    assert "remove_constant_reward_groups" not in out["installed"] and "assemble_training_data" in out["installed"]
+    assert [title for title, _ in out["left"]] == ["remove_constant_reward_groups"]
+    assert len(out["warnings"]) == 1 and "made to fail" in out["warnings"][0] and "rollout worker" in out["warnings"][0]
+
+
+# ---------------------------------------------------------------------------
+# the real trainer with a rollout executor
+
+
+def run_trainer(tmp: Path, variants: list[str], *flags: str, timeout: float = 600) -> dict[str, tuple]:
+    record, out = tmp / "record", tmp / "out.json"
+    cmd = [sys.executable, str(BENCH / "trainer.py"), "--child", "--workload", "tiny", "--variant", ";".join(variants)]
+    cmd += ["--steps", str(STEPS), "--record", str(record), "--out", str(out), *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(out.read_text())
+    assert [r["variant"] for r in results] == variants
+    return {r["variant"]: (canonical_bodies(record / str(i)), r["metrics"], r) for i, r in enumerate(results)}
+
+
+def check_pool_run(runs: dict[str, tuple]) -> None:
+    stock_bodies, stock_metrics, stock = runs["stock"]
+    bodies, metrics, result = runs["installed+gc"]
+    assert len(stock_bodies) == STEPS and all(stock_bodies.values())
+    assert bodies == stock_bodies
+    assert len(comparable(metrics)) == STEPS
+    assert compare_metrics(stock_metrics, metrics) is None, compare_metrics(stock_metrics, metrics)
+    # Stock's workers say nothing (nothing of ours is there).
+    assert stock["workers"] == []
+    # Each worker installed what the driver did (but the driver-only piece)
+    # and ran its rollouts as GC steps; together, every rollout of the run.
+    driver = set(result["installed"]) - DRIVER_ONLY
+    workers = result["workers"]
+    assert 1 <= len(workers) <= 2
+    for worker in workers:
+        assert worker["how"] == "installed" and worker["left"] == [], worker
+        assert set(worker["installed"]) == driver
+        assert worker["pid"] != os.getpid()
+        counters = worker["counters"]
+        assert counters["gc_steps"] == counters["rollouts"] >= 1 and counters["gc_froze"] > 0
+    assert sum(w["counters"]["rollouts"] for w in workers) == ROLLOUTS
+    # the driver's collector held to the step as without a pool
+    assert result["collector"]["steps"] == STEPS
+
+
+def test_spawn_pool(tmp_path):
+    check_pool_run(run_trainer(tmp_path, ["stock", "installed+gc"], "--executor", "process:2"))
+
+
+def test_ray_executor(tmp_path):
+    pytest.importorskip("ray")
+    check_pool_run(run_trainer(tmp_path, ["stock", "installed+gc"], "--executor", "ray:2"))
