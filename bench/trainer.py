@@ -10,7 +10,7 @@ process, variants alternating, --runs times:
   stock         tinker-cookbook and tinker as installed
   installed     tinker_rl_data.cookbook.install(gc=False) (collector left alone)
   installed+gc  tinker_rl_data.cookbook.install(): the collector held to the step
-                (tinker_rl_data.cookbook.gc_step, applied to rl.train by this script)
+                (tinker_rl_data.cookbook.gc_step; options by its configure(), below)
   VARIANT/no-huge-pages
                 VARIANT with huge pages for large outputs off
                 (TINKER_RL_DATA_HUGEPAGES=0)
