@@ -10,11 +10,13 @@ Executor of 2 workers: every forward_backward body equal to stock's (sync
 training: the order is the batch's), every metric but time/* equal, and the
 workers' own reports (tinker_rl_data.cookbook.workers.seen(), carried back with
 their results) show that each installed the driver's pieces and ran the
-rollouts as GC steps. Async and stream-minibatch modes: tests/test_trainer_modes.py.
+rollouts as GC steps. Async and stream-minibatch modes: tests/cookbook/test_trainer_modes.py.
 
-Costs on the 2-core machine: the fast tests ~5 s; the spawn pool ~45 s
-(each worker imports torch and the cookbook once); Ray ~110 s (a local
-cluster started per variant, ~690 MB per worker), skipped without `ray`.
+Costs on the 2-core machine (load ~1-4): the fast tests ~11 s (two fresh
+interpreters); the spawn pool ~25 s (each worker imports torch and the
+cookbook once); Ray ~45 s (a local cluster started per variant, ~690 MB per
+worker; 116 s at load 10), skipped without `ray` (a test and bench
+dependency only: .ci/run installs it in the 3.12 leg).
 """
 
 from __future__ import annotations
