@@ -84,12 +84,28 @@ def test_uninstall_stops_new_workers_from_installing(installed):
 
 
 def test_coalesce_and_strict_are_carried():
-    tcookbook.install(coalesce=True, gc=None, strict=False)
+    tcookbook.install(coalesce=True, gc=False, strict=False)
     try:
         settings = pickle.loads(pickle.dumps(rollouts._run_rollout_sync)).settings
         assert settings.options == ("coalesce", "data", "kl", "step", "wire")
     finally:
         tcookbook.uninstall()
+
+
+def test_the_gc_headroom_option_is_carried_as_the_workers_variable(monkeypatch):
+    from tinker_rl_data.cookbook import gc_step
+
+    monkeypatch.delenv("TINKER_RL_DATA_GC_HEADROOM", raising=False)
+    tcookbook.install(gc_headroom=0.05)
+    try:
+        settings = pickle.loads(pickle.dumps(rollouts._run_rollout_sync)).settings
+        assert ("TINKER_RL_DATA_GC_HEADROOM", "0.05") in settings.env
+        # what the worker's collector reads when its first rollout starts
+        monkeypatch.setenv("TINKER_RL_DATA_GC_HEADROOM", dict(settings.env)["TINKER_RL_DATA_GC_HEADROOM"])
+        assert gc_step.headroom_from_env() == 0.05
+    finally:
+        tcookbook.uninstall()
+        gc_step.configure()
 
 
 def test_a_result_brings_the_workers_report_back():

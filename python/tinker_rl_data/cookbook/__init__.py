@@ -98,7 +98,7 @@ def install(
     report = transaction.install(features, owner=__name__, strict=strict)
     from . import workers
 
-    workers.follow(features, strict)
+    workers.follow(features, strict, gc_headroom if gc else None)
     return report
 
 

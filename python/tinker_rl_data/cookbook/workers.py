@@ -105,13 +105,17 @@ def _me() -> tuple[str, int]:
     return (socket.gethostname(), os.getpid())
 
 
-def follow(options: Any, strict: bool | None = None) -> None:
+def follow(options: Any, strict: bool | None = None, gc_headroom: float | None = None) -> None:
     """The driver installed ``options``: the workers will install the same
-    (``cookbook.install`` calls this last)."""
+    (``cookbook.install`` calls this last); ``gc_headroom``, install()'s
+    option, travels as the worker's ``TINKER_RL_DATA_GC_HEADROOM``."""
     from ..switches import strict as _strict
 
     global _settings
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("TINKER_RL_DATA_")))
+    variables = {k: v for k, v in os.environ.items() if k.startswith("TINKER_RL_DATA_")}
+    if gc_headroom is not None:
+        variables["TINKER_RL_DATA_GC_HEADROOM"] = repr(float(gc_headroom))
+    env = tuple(sorted(variables.items()))
     with _settings_lock:
         if os.environ.get("TINKER_RL_DATA_DISABLE", "") == "1":
             _settings = None  # install() was a no-op: so are the workers'
