@@ -12,6 +12,7 @@ import tinker
 from hypothesis import given
 
 from conftest import groups
+from support.tinker_bytes import wire_bytes
 from tinker_rl_data import compute_advantages
 from tinker_rl_data import rows
 
@@ -64,6 +65,7 @@ def test_direct_datums_are_field_for_field_public(batch):
         (theirs, their_meta), their_fitted = public.result, public.fitted
         assert len(ours) == len(theirs)
         assert all(map(rows.same_datum, ours, theirs))
+        assert wire_bytes(ours) == wire_bytes(theirs)  # tinker's own encoder, independent of same_datum
         assert all(map(rows.same_datum, ours, from_flat_rows(batch, advantages, merge_turns, numpy_tokens)))
         assert our_meta == their_meta
         assert (our_fitted.padded, our_fitted.truncated, our_fitted.first) == (
@@ -85,6 +87,7 @@ def test_cookbook_datums_built_directly_are_field_for_field_public():
     theirs, their_meta = rows._cookbook(batch, [[0.5]], True, False)
     assert len(ours) == len(theirs) == 1 and ours[0].model_input_spans
     assert all(map(rows.same_datum, ours, theirs)) and our_meta == their_meta
+    assert wire_bytes(ours) == wire_bytes(theirs)
 
 
 def public(tokens, target):
