@@ -9,6 +9,7 @@ use pyo3::types::{PyBytes, PyDict, PyTuple, PyType};
 use crate::advantages::{extend_group_advantages, is_constant, reward_stats, AdvantageRule, Baseline};
 use crate::py::build::{Builder, ClassTuple};
 use crate::py::errors::guarded;
+use crate::py::errors::{leave_to_cookbook, Unsupported};
 use crate::py::gc::GcPaused;
 use crate::py::pipeline;
 use crate::py::source::cookbook::Cookbook;
@@ -17,7 +18,6 @@ use crate::py::step::kl_sample_train::kl_sample_train;
 use crate::py::step::remove_mask::{datum_without_mask, DatumClasses};
 use crate::py::step::trajectory_metrics::{trajectory_metrics, Reading};
 use crate::py::step::usage::{rollout_counts, training_tokens};
-use crate::py::errors::{leave_to_cookbook, Unsupported};
 use crate::py::step::InputClasses;
 use crate::py::wire::{encode_forward_backward, TinkerParts};
 

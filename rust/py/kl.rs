@@ -21,10 +21,10 @@ use crate::kl::{
 };
 use crate::py::build::{direct, Column, Unwritten};
 use crate::py::errors::guarded;
+use crate::py::errors::{leave_to_cookbook, unsupported};
 use crate::py::gc::GcPaused;
 use crate::py::read::numbers::{Kind, Numbers, Slice, Value};
 use crate::py::read::{exact_float, exact_int, type_name};
-use crate::py::errors::{leave_to_cookbook, unsupported};
 use crate::py::step::sequence;
 use crate::torch_sum::{torch_sum, LANES};
 
