@@ -17,6 +17,7 @@ leaves an input to the function it replaces.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import re
@@ -59,6 +60,8 @@ def left_to(original: Callable[..., Any], what: str, why: Exception | str) -> Ca
         _logged.add((what, reason))
     if new:
         logger.info("tinker_rl_data: %s left to the original function: %s", what, reason)
+    if getattr(original, "_looked_up_when_called", False):  # current(): its error says why it was needed
+        return functools.partial(original, _why=str(why))
     return original
 
 
@@ -67,12 +70,16 @@ def current(module: str, name: str) -> Callable[..., Any]:
     called: the fallback of our functions called directly, not installed
     (where ours is installed, it falls back to the original in turn)."""
 
-    def original(*args: Any, **kwargs: Any) -> Any:
+    def original(*args: Any, _why: str = "", **kwargs: Any) -> Any:
         try:
             function = getattr(importlib.import_module(module), name)
         except ImportError as exc:
-            raise TypeError(f"{module}.{name}, which takes such input, is not importable") from exc
+            package = module.partition(".")[0]
+            raise TypeError(
+                f"{_why + '; ' if _why else ''}{package}'s own {name}, which takes such input, is not importable"
+            ) from exc
         return function(*args, **kwargs)
 
     original.__qualname__ = original.__name__ = name
+    original._looked_up_when_called = True  # type: ignore[attr-defined]
     return original
