@@ -48,13 +48,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import importlib
 import logging
 import math
-import re
 import sys
 import threading
-from typing import Any, AsyncIterator, Callable, Iterable, NamedTuple
+from typing import Any, AsyncIterator, Callable, Iterable
 
 from .. import _core
 from ..errors import ProbeFailed, current, left_to

@@ -25,7 +25,6 @@ fall back to the cookbook's function as its module holds it when called.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import sys
 from typing import Any, Callable

@@ -109,7 +109,7 @@ def follow(options: Any, strict: bool | None = None, gc_headroom: float | None =
     """The driver installed ``options``: the workers will install the same
     (``cookbook.install`` calls this last); ``gc_headroom``, install()'s
     option, travels as the worker's ``TINKER_RL_DATA_GC_HEADROOM``."""
-    from ..switches import strict as _strict
+    from .. import switches
 
     global _settings
     variables = {k: v for k, v in os.environ.items() if k.startswith("TINKER_RL_DATA_")}
@@ -117,12 +117,12 @@ def follow(options: Any, strict: bool | None = None, gc_headroom: float | None =
         variables["TINKER_RL_DATA_GC_HEADROOM"] = repr(float(gc_headroom))
     env = tuple(sorted(variables.items()))
     with _settings_lock:
-        if os.environ.get("TINKER_RL_DATA_DISABLE", "") == "1":
+        if switches.disabled():
             _settings = None  # install() was a no-op: so are the workers'
             return
         _settings = Settings(
             options=tuple(sorted(set(options) - {"workers"})),
-            strict=_strict(strict),
+            strict=switches.strict(strict),
             env=env,
             driver=_me(),
         )

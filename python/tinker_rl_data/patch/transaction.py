@@ -244,12 +244,14 @@ def install(features: Iterable[str], *, owner: str, strict: bool | None = None) 
     report.skipped = sorted(skip)
     chosen -= skip
     selected = []
+    quiet: set[str] = set()  # left for no cause to warn: skipped, or not in an older release
     for piece in pieces():
         if piece.feature not in chosen:
             continue
         report.features[piece.title] = piece.feature
         if piece.name.rpartition(".")[2] in skip or piece.title in skip:
             report.left.append((piece.title, "skipped by TINKER_RL_DATA_SKIP"))
+            quiet.add(piece.title)
             continue
         selected.append(piece)
     for package in dict.fromkeys(piece.package for piece in selected):
@@ -267,7 +269,6 @@ def install(features: Iterable[str], *, owner: str, strict: bool | None = None) 
         except Exception:
             pass
     plans: list[_Plan] = []
-    quiet: set[str] = set()
     for piece in selected:
         if piece in _installed:
             report.installed.append((piece.title, list(_installed[piece].sites)))
@@ -280,7 +281,7 @@ def install(features: Iterable[str], *, owner: str, strict: bool | None = None) 
                 quiet.add(piece.title)
                 report.older.append(piece.title)
 
-    failed = [(title, why) for title, why in report.left if title not in quiet and "TINKER_RL_DATA_SKIP" not in why]
+    failed = [(title, why) for title, why in report.left if title not in quiet]
     if strict and failed:
         raise InstallError("tinker_rl_data: nothing installed (strict):\n" + "\n".join(f"  {t}: {w}" for t, w in failed))
     done: list[tuple[Any, str, Any]] = []
