@@ -527,10 +527,12 @@ def request_order(args: argparse.Namespace, requests: int) -> int | None:
     minibatches, and tinker's into requests, is completion order): the
     run's ``requests`` over its steps; async, the whole run (0: which step
     trains a group depends on completion order too); None: each request in
-    order."""
+    order. With shared prompts, each step's requests too: which member of a
+    group gets which draw is arrival order, and tinker's chunker may cut a
+    group across two requests."""
     if args.async_:
         return 0
-    if args.stream_minibatch:
+    if args.stream_minibatch or args.shared_prompt:
         return requests // args.steps if requests % args.steps == 0 else 0
     return None
 

@@ -8,6 +8,8 @@ leaves an input to the function it replaces.
   not run against (the run goes on).
 - :class:`ProbeFailed`: a probe found ours and the installed function
   different (the piece stays out; the message says how).
+- :class:`NotNeeded`: a probe found the installed function already does
+  what ours would (the piece stays out, without a warning).
 - :class:`Unsupported` (the core's): an input a native pass does not read
   exactly; the caller hands it to the original function (:func:`left_to`).
 - :class:`ValidationError` (the core's): the contract's bad-input cases;
@@ -27,7 +29,7 @@ from typing import Any, Callable
 from ._core import Unsupported as Unsupported
 from ._core import ValidationError as ValidationError
 
-__all__ = ["InstallError", "InstallWarning", "ProbeFailed", "Unsupported", "ValidationError", "current", "left_to"]
+__all__ = ["InstallError", "InstallWarning", "NotNeeded", "ProbeFailed", "Unsupported", "ValidationError", "current", "left_to"]
 
 logger = logging.getLogger("tinker_rl_data")
 
@@ -44,6 +46,12 @@ class InstallWarning(UserWarning):
 class ProbeFailed(Exception):
     """Ours and the installed function differ (or the probe input cannot be
     built with the installed classes); the message says how."""
+
+
+class NotNeeded(ProbeFailed):
+    """The installed function already does what ours would (a newer
+    release fixed it): the piece stays out, listed as not for this
+    version, without a warning."""
 
 
 _logged: set[tuple[str, str]] = set()

@@ -45,11 +45,11 @@ from tinker_rl_data import cookbook as tcookbook
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
+from support.signals import CountedRepr, signal_reprs_handlers  # noqa: E402
 from support.trainer_checks import canonical_bodies, comparable, compare_metrics  # noqa: E402
 
 STEPS = 2
 ROLLOUTS = 2 * STEPS  # tiny: 2 groups per step
-DRIVER_ONLY = {_workers.WORKERS_TITLE}
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_the_entry_is_installed_and_carries_the_settings(installed):
     assert entry.original.__module__ == "tinker_cookbook.rl.rollouts"
     sent = pickle.loads(pickle.dumps(entry))
     assert type(sent) is _workers._WorkerEntry
-    assert sent.settings.options == ("data", "gc", "kl", "step", "wire")
+    assert sent.settings.options == ("data", "gc", "kl", "step", "wire", "workers")
     assert sent.settings.driver[1] == os.getpid()
     assert sent.settings.strict is False
 
@@ -87,7 +87,7 @@ def test_coalesce_and_strict_are_carried():
     tcookbook.install(coalesce=True, gc=False, strict=False)
     try:
         settings = pickle.loads(pickle.dumps(rollouts._run_rollout_sync)).settings
-        assert settings.options == ("coalesce", "data", "kl", "step", "wire")
+        assert settings.options == ("coalesce", "data", "kl", "step", "wire", "workers")
     finally:
         tcookbook.uninstall()
 
@@ -106,6 +106,48 @@ def test_the_gc_headroom_option_is_carried_as_the_workers_variable(monkeypatch):
     finally:
         tcookbook.uninstall()
         gc_step.configure()
+
+
+def test_asyncio_run_builds_no_repr_of_its_result_once_installed():
+    """What the signal piece is for: before CPython 3.13, asyncio.run (the
+    cookbook's _run_rollout_sync, once per group rollout in a worker)
+    built the repr of its coroutine's result when it reset SIGINT."""
+    import asyncio
+    import signal
+
+    async def rollout():
+        return CountedRepr()
+
+    reprs_stock = signal_reprs_handlers()
+    if sys.version_info[:2] == (3, 11):
+        assert reprs_stock  # 3.12's patch releases differ; 3.13 fixed it
+    if sys.version_info >= (3, 13):
+        assert not reprs_stock
+    CountedRepr.reprs = 0
+    asyncio.run(rollout())
+    assert (CountedRepr.reprs > 0) == reprs_stock
+    handlers = [CountedRepr(), signal.SIG_DFL, signal.SIG_IGN, signal.default_int_handler, print]
+    before = []
+    for handler in handlers:
+        previous = signal.signal(signal.SIGUSR1, handler)
+        before.append((previous, signal.getsignal(signal.SIGUSR1), signal.signal(signal.SIGUSR1, previous)))
+    report = tcookbook.install()
+    try:
+        installed = _workers.SIGNAL_TITLE in [title for title, _ in report.installed]
+        assert installed == reprs_stock, report.left
+        CountedRepr.reprs = 0
+        asyncio.run(rollout())
+        assert CountedRepr.reprs == 0
+        assert not signal_reprs_handlers()
+        for handler, (previous, read, restored) in zip(handlers, before):
+            # the same values, of the same types, as before install()
+            got = signal.signal(signal.SIGUSR1, handler)
+            got = (got, signal.getsignal(signal.SIGUSR1), signal.signal(signal.SIGUSR1, got))
+            assert [type(x) for x in got] == [type(x) for x in (previous, read, restored)]
+            assert got == (previous, read, restored)
+    finally:
+        tcookbook.uninstall()
+    assert signal_reprs_handlers() == reprs_stock
 
 
 def test_a_result_brings_the_workers_report_back():
@@ -192,9 +234,9 @@ def check_pool_run(runs: dict[str, tuple]) -> None:
     assert compare_metrics(stock_metrics, metrics) is None, compare_metrics(stock_metrics, metrics)
     # Stock's workers say nothing (nothing of ours is there).
     assert stock["workers"] == []
-    # Each worker installed what the driver did (but the driver-only piece)
-    # and ran its rollouts as GC steps; together, every rollout of the run.
-    driver = set(result["installed"]) - DRIVER_ONLY
+    # Each worker installed what the driver did and ran its rollouts as GC
+    # steps; together, every rollout of the run.
+    driver = set(result["installed"])
     workers = result["workers"]
     assert 1 <= len(workers) <= 2
     for worker in workers:

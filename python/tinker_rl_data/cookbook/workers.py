@@ -18,7 +18,7 @@ they are when the task is sent (:func:`follow` sets them at the end of
 in the worker process:
 
 - once per process, before its first rollout, the patch layer's install with the
-  driver's options (less ``"workers"``) and its strict switch, with the
+  driver's options and its strict switch, with the
   driver's ``TINKER_RL_DATA_*`` variables set where the worker has none:
   the same pieces, each decided by its probe on the worker. A worker where
   some are left out says so with one warning (in that worker) and goes on;
@@ -47,6 +47,14 @@ and each worker's first summary is logged once on the ``tinker_rl_data``
 logger: INFO when it installed what the driver did, WARNING naming what it
 left out otherwise.
 
+The feature's second piece, for the rollouts themselves: before CPython
+3.13, ``asyncio.run`` (once per group rollout in a worker) built the
+repr of each rollout's result and dropped it (:func:`make_int_to_enum`);
+its probe leaves it out, quietly, where the Python at hand does not.
+
+In a worker, the entry piece is installed too (the same features as the
+driver) and does nothing there: tasks arrive as what the driver pickled.
+
 Wiring: :data:`PIECES` (feature ``workers``, selected by every
 ``cookbook.install``) puts :func:`make_entry` at the name; ``cookbook.install``
 ends with :func:`follow`, ``cookbook.uninstall`` with :func:`stop` (the
@@ -71,7 +79,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..errors import InstallError, InstallWarning, ProbeFailed
+from ..errors import InstallError, InstallWarning, NotNeeded, ProbeFailed
 from ..patch.piece import Piece
 
 logger = logging.getLogger("tinker_rl_data")
@@ -87,8 +95,7 @@ OWNER = "tinker_rl_data.cookbook"
 
 @dataclass(frozen=True)
 class Settings:
-    """What a worker installs: the driver's options (without ``"workers"``),
-    its strict switch (resolved), its ``TINKER_RL_DATA_*`` variables, and
+    """What a worker installs: the driver's options, its strict switch (resolved), its ``TINKER_RL_DATA_*`` variables, and
     who the driver is (host, pid)."""
 
     options: tuple[str, ...]
@@ -121,7 +128,7 @@ def follow(options: Any, strict: bool | None = None, gc_headroom: float | None =
             _settings = None  # install() was a no-op: so are the workers'
             return
         _settings = Settings(
-            options=tuple(sorted(set(options) - {"workers"})),
+            options=tuple(sorted(set(options))),
             strict=switches.strict(strict),
             env=env,
             driver=_me(),
@@ -395,7 +402,7 @@ def _received(worker: tuple[str, int], summary: dict[str, Any] | None, counters:
 def _log_worker(entry: dict[str, Any]) -> None:
     from ..patch import transaction as _patch
 
-    driver = {title for title, _ in _patch.status().installed} - {WORKERS_TITLE}
+    driver = {title for title, _ in _patch.status().installed}
     missing = sorted(driver - set(entry.get("installed", ())))
     line = (
         f"tinker_rl_data: rollout worker {entry['host']}:{entry['pid']}: {entry.get('how')}, "
@@ -442,8 +449,64 @@ def describe(entries: list[dict[str, Any]] | None = None) -> list[str]:
     return lines
 
 
-#: The piece's title in the report.
+# --------------------------------------------------------------------------
+# The piece: signal._int_to_enum (CPython before 3.13), for asyncio.run
+
+
+def make_int_to_enum(original: Callable[..., Any]) -> Callable[..., Any]:
+    """CPython 3.13's ``signal._int_to_enum``: a handler that is not an int
+    is returned as it is, as the older one returns it after failing to
+    make it a ``Handlers`` member. The older one's failure builds its
+    message from ``repr(handler)``, and ``asyncio.run``, when its coroutine
+    has ended, reads and resets the SIGINT handler it set: a
+    ``functools.partial`` holding the finished main task, whose repr holds
+    the repr of the task's result. In a rollout worker that is each group
+    rollout's (the cookbook's ``_run_rollout_sync``), so every rollout
+    built the text of its whole ``TrajectoryGroup`` twice, and dropped it
+    (84% of a worker's rollout thread on single_turn_long, measured)."""
+
+    def _int_to_enum(value: Any, enum_klass: Any) -> Any:
+        if not isinstance(value, int):
+            return value
+        return original(value, enum_klass)
+
+    _int_to_enum.__doc__ = original.__doc__
+    _int_to_enum.__wrapped__ = original  # type: ignore[attr-defined]
+    return _int_to_enum
+
+
+class _ReprCounted:
+    """A handler-like callable that counts its reprs."""
+
+    reprs = 0
+
+    def __call__(self, *args: Any) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        type(self).reprs += 1
+        return "<probe handler>"
+
+
+def probe_int_to_enum(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    import signal
+
+    handler = _ReprCounted()
+    _ReprCounted.reprs = 0
+    kept = original(handler, signal.Handlers)
+    if _ReprCounted.reprs == 0:
+        raise NotNeeded("this Python's signal module returns a handler without its repr")
+    for value in (handler, signal.SIG_DFL, signal.SIG_IGN, int(signal.SIG_DFL), int(signal.SIG_IGN), 7, None, signal.default_int_handler):
+        theirs, mine = original(value, signal.Handlers), ours(value, signal.Handlers)
+        if type(theirs) is not type(mine) or theirs != mine:
+            raise ProbeFailed(f"_int_to_enum({value!r}): {theirs!r} vs ours {mine!r}")
+    if kept is not handler:
+        raise ProbeFailed("the original does not return a handler it cannot convert")
+
+
+#: The pieces' titles in the report.
 WORKERS_TITLE = "rollout workers install too"
+SIGNAL_TITLE = "asyncio.run, no repr of its result (signal._int_to_enum)"
 
 
 PIECES = (
@@ -457,4 +520,5 @@ PIECES = (
         label=WORKERS_TITLE,
         undo=uninstalled,
     ),
+    Piece("signal", "_int_to_enum", "workers", make_int_to_enum, probe_int_to_enum, spread=False, label=SIGNAL_TITLE),
 )

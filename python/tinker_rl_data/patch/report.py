@@ -94,7 +94,7 @@ class Report:
                 lines.append(f"  {feature:<9} {'not for this version':<22} {what}: {left[older[0]]}")
                 continue
             state = "on" if n_in == len(titles) else "off" if n_in == 0 else "partly on"
-            note = f" ({len(older)} not in this version)" if older else ""
+            note = f" ({len(older)} not for this version)" if older else ""
             lines.append(f"  {feature:<9} {f'{state}, {n_in} of {len(titles)}':<22} {what}{note}")
             for title in titles:
                 if title in left:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from .. import switches
-from ..errors import InstallError, InstallWarning, ProbeFailed
+from ..errors import InstallError, InstallWarning, NotNeeded, ProbeFailed
 from .piece import Piece, release
 from .registry import pieces
 from .report import DISTRIBUTIONS, TESTED_VERSIONS, Report
@@ -172,7 +172,7 @@ def _plan(piece: Piece, report: Report) -> _Plan:
         raise _Left(f"ours reproduces {piece.since} and later; {found} differs", expected=True)
     if not _is_own(original, piece):
         owner = f"{getattr(original, '__module__', '?')}.{getattr(original, '__qualname__', type(original).__name__)}"
-        raise _Left(f"{piece.where} holds {owner}, not {DISTRIBUTIONS[piece.package]}'s own: kept")
+        raise _Left(f"{piece.where} holds {owner}, not {DISTRIBUTIONS.get(piece.package, piece.package)}'s own: kept")
     try:
         ours = piece.make(original)
     except Exception as exc:
@@ -182,6 +182,8 @@ def _plan(piece: Piece, report: Report) -> _Plan:
     logging.disable(logging.WARNING)  # the probes' constant groups make the cookbook warn
     try:
         piece.probe(original, ours)
+    except NotNeeded as exc:
+        raise _Left(str(exc), expected=True) from None
     except Exception as exc:
         what = "" if isinstance(exc, ProbeFailed) else f"{type(exc).__name__}: "
         raise _Left(f"probe failed: {what}{exc}") from None
@@ -255,7 +257,8 @@ def install(features: Iterable[str], *, owner: str, strict: bool | None = None) 
             continue
         selected.append(piece)
     for package in dict.fromkeys(piece.package for piece in selected):
-        if report.versions.get(package) is None:  # not installed: one entry, not one per piece
+        # (a piece of the standard library has no distribution to look for)
+        if package in DISTRIBUTIONS and report.versions.get(package) is None:  # not installed: one entry, not one per piece
             ours = [piece for piece in selected if piece.package == package]
             for piece in ours:
                 del report.features[piece.title]
@@ -307,7 +310,7 @@ def install(features: Iterable[str], *, owner: str, strict: bool | None = None) 
         _installed[plan.piece] = _Installed(plan.piece, plan.original, plan.ours, owner, sites, list(plan.sites))
         report.installed.append((plan.piece.title, sites))
 
-    for package in sorted({plan.piece.package for plan in plans}):
+    for package in sorted({plan.piece.package for plan in plans} & set(TESTED_VERSIONS)):
         found = report.versions.get(package)
         if found not in TESTED_VERSIONS[package]:
             _warn(
