@@ -364,7 +364,7 @@ def test_install_twice_and_uninstall_by_owner(clean):
     ours.install()
     ours.uninstall()  # the encoder was installed by tinker_rl_data.install(): it stays
     assert training.forward_backward_request_to_proto is encoder
-    assert not any(p.package == "tinker_cookbook" for p in transaction._installed)
+    assert not any(p.requires == "tinker_cookbook" for p in transaction._installed)
     tinker_rl_data.uninstall()
     assert not transaction.installed()
 

@@ -622,7 +622,7 @@ import sys, warnings
 sys.modules["tinker_cookbook"] = None
 import tinker_rl_data.cookbook as c
 from tinker_rl_data.patch.registry import pieces
-n = sum(p.package == "tinker_cookbook" and p.feature in ("data", "step", "gc", "kl", "workers") for p in pieces())  # the defaults
+n = sum(p.requires == "tinker_cookbook" and p.feature in ("data", "step", "gc", "kl", "workers") for p in pieces())  # the defaults
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     report = c.install()

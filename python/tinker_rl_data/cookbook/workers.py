@@ -520,5 +520,14 @@ PIECES = (
         label=WORKERS_TITLE,
         undo=uninstalled,
     ),
-    Piece("signal", "_int_to_enum", "workers", make_int_to_enum, probe_int_to_enum, spread=False, label=SIGNAL_TITLE),
+    Piece(
+        "signal",
+        "_int_to_enum",
+        "workers",
+        make_int_to_enum,
+        probe_int_to_enum,
+        spread=False,
+        label=SIGNAL_TITLE,
+        needs="tinker_cookbook",
+    ),
 )

@@ -34,7 +34,9 @@ class Piece:
     other loaded module of the package holding the same function gets ours
     too (``from ... import`` copies); ``since``: the first release whose
     function ours reproduces (an older one is left as it is without a
-    warning); ``undo``: called at uninstall.
+    warning); ``undo``: called at uninstall; ``needs``: the package without
+    which the piece has nothing to do (its own package unless said: the
+    standard library's piece for the cookbook's rollouts needs the cookbook).
     """
 
     module: str
@@ -47,11 +49,17 @@ class Piece:
     label: str = ""
     since: str = ""
     undo: Callable[[], None] | None = None
+    needs: str = ""
 
     @property
     def package(self) -> str:
         """The top-level package the piece patches (``tinker``, ``tinker_cookbook``)."""
         return self.module.partition(".")[0]
+
+    @property
+    def requires(self) -> str:
+        """The package that must be importable for the piece to go in."""
+        return self.needs or self.package
 
     @property
     def title(self) -> str:

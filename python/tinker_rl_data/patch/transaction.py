@@ -256,14 +256,14 @@ def install(features: Iterable[str], *, owner: str, strict: bool | None = None) 
             quiet.add(piece.title)
             continue
         selected.append(piece)
-    for package in dict.fromkeys(piece.package for piece in selected):
-        # (a piece of the standard library has no distribution to look for)
+    for package in dict.fromkeys(piece.requires for piece in selected):
+        # (the standard library has no distribution to look for)
         if package in DISTRIBUTIONS and report.versions.get(package) is None:  # not installed: one entry, not one per piece
-            ours = [piece for piece in selected if piece.package == package]
+            ours = [piece for piece in selected if piece.requires == package]
             for piece in ours:
                 del report.features[piece.title]
             report.left.append((f"{DISTRIBUTIONS[package]} pieces ({len(ours)})", f"{package} is not importable"))
-            selected = [piece for piece in selected if piece.package != package]
+            selected = [piece for piece in selected if piece.requires != package]
     for module in dict.fromkeys(piece.module for piece in selected):
         # All first, so that every module holding a name is loaded when its
         # sites are found; one that fails is reported by its pieces.
