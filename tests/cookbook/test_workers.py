@@ -112,7 +112,6 @@ def test_asyncio_run_builds_no_repr_of_its_result_once_installed():
     """What the signal piece is for: before CPython 3.13, asyncio.run (the
     cookbook's _run_rollout_sync, once per group rollout in a worker)
     built the repr of its coroutine's result when it reset SIGINT."""
-    import asyncio
     import signal
 
     async def rollout():
@@ -123,6 +122,21 @@ def test_asyncio_run_builds_no_repr_of_its_result_once_installed():
         assert reprs_stock  # 3.12's patch releases differ; 3.13 fixed it
     if sys.version_info >= (3, 13):
         assert not reprs_stock
+    # asyncio.run sets its own SIGINT handler only over Python's default
+    # one, as a spawned worker has it (an earlier test here, or Ray, may
+    # have set another in this process).
+    sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        check_asyncio_run_once_installed(rollout, reprs_stock)
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+    assert signal_reprs_handlers() == reprs_stock
+
+
+def check_asyncio_run_once_installed(rollout, reprs_stock: bool) -> None:
+    import asyncio
+    import signal
+
     CountedRepr.reprs = 0
     asyncio.run(rollout())
     assert (CountedRepr.reprs > 0) == reprs_stock
@@ -147,7 +161,6 @@ def test_asyncio_run_builds_no_repr_of_its_result_once_installed():
             assert got == (previous, read, restored)
     finally:
         tcookbook.uninstall()
-    assert signal_reprs_handlers() == reprs_stock
 
 
 def test_a_result_brings_the_workers_report_back():
