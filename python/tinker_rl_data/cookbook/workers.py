@@ -95,8 +95,9 @@ OWNER = "tinker_rl_data.cookbook"
 
 @dataclass(frozen=True)
 class Settings:
-    """What a worker installs: the driver's options, its strict switch (resolved), its ``TINKER_RL_DATA_*`` variables, and
-    who the driver is (host, pid)."""
+    """What a worker installs: the driver's options, its strict switch
+    (resolved), its ``TINKER_RL_DATA_*`` variables, and who the driver is
+    (host, pid)."""
 
     options: tuple[str, ...]
     strict: bool
