@@ -327,10 +327,32 @@ def test_the_headroom_scales_with_the_process(no_check_interval):
 def test_after_the_guard_the_limit_does_not_compound(no_check_interval):
     # 1000 MiB at the step's start, 10%: past 1100 the guard collects; the
     # memory stays resident (RSS 1101 after it), and the next limit is 1101
-    # + 100 (10% of the step's start), not 1101 * 1.1 = 1211.1.
+    # + 100 (10% of the step's start; the step grew by less than 4 x 100),
+    # not 1101 * 1.1 = 1211.1.
     collector = StepCollector(young=100, headroom=0.10, min_headroom=0, max_tracked=None)
     fired = guard_run(collector, FakeRSS(1000 * MiB), [1101 * MiB, 1101 * MiB, 1200 * MiB, 1205 * MiB])
     assert fired == [1, 1, 1, 2]
+
+
+def test_a_large_step_is_not_collected_over_and_over(no_check_interval):
+    # A step that keeps what it allocates: from 1000 MiB to 5000 MiB in
+    # 10 MiB readings, 10% headroom (100 MiB). With a fixed allowance the
+    # guard would collect ~40 times, each scan bigger than the last
+    # (quadratic in the step). Past four headrooms of growth the allowance
+    # is a quarter of the growth: at most 4 + log(4000/400)/log(1.25) ~ 14.3.
+    start, step, headroom = 1000 * MiB, 10 * MiB, 100 * MiB
+    readings = list(range(start + step, 5000 * MiB + 1, step))
+    collector = StepCollector(young=100, headroom=0.10, min_headroom=0, max_tracked=None)
+    fired = guard_run(collector, FakeRSS(start), readings)
+    at = [readings[i] for i in range(len(readings)) if fired[i] > (fired[i - 1] if i else 0)]
+    assert 5 <= len(at) <= 15, at
+    # ... and never later than the allowance after the previous collection
+    # (one reading late at most: the guard looks at young collections).
+    previous = start
+    for rss in at:
+        allowed = max(headroom, (previous - start) // 4)
+        assert allowed < rss - previous <= allowed + step, (previous, rss)
+        previous = rss
 
 
 def test_each_step_measures_from_its_own_start(no_check_interval):

@@ -23,12 +23,18 @@ the step's GC time. Here, while tinker-cookbook's training loop runs:
   default), at least ``min_headroom`` bytes (32 MiB: a small process is
   not collected over noise). Memory a collection frees stays resident
   (CPython and malloc keep it for reuse), so after an early collection the
-  next limit is that RSS plus the same headroom, not a fraction of it: the
-  limits within a step grow by the step's headroom, never compound. A
-  step's cyclic garbage thus takes about ``headroom`` of the process's
-  memory beyond what it took before, whatever the process's size (a fixed
-  number of bytes is both too much for a small client and too little to
-  matter for a large one). Set it by ``StepCollector(headroom=...)``, for
+  next limit is that RSS plus the same headroom, not a fraction of it,
+  until the step has grown by four headrooms; past that, plus a quarter of
+  the step's growth so far (CPython's own rule for its full collections:
+  when the long-lived objects grew by a quarter). Each early collection
+  scans what the step keeps alive, so a fixed allowance would make a step
+  that keeps G bytes pay for G / headroom collections of a growing heap
+  (quadratic in the batch); with the quarter, their total work is at most
+  about five times the step's final heap (linear). A step's cyclic
+  garbage thus takes about ``headroom`` of the process's memory beyond
+  what it took before (a quarter of a very large step's growth), whatever
+  the process's size (a fixed number of bytes is both too much for a small
+  client and too little to matter for a large one). Set it by ``StepCollector(headroom=...)``, for
   install()'s collector by :func:`configure`, or by the environment
   variable ``TINKER_RL_DATA_GC_HEADROOM`` (``0.1`` or ``10%``; ``off``:
   no RSS bound), read when a loop starts if no headroom was given. The
@@ -94,6 +100,10 @@ _INTERPRETER_FROZEN = 4096 if sys.version_info[:2] == (3, 12) else 0
 HEADROOM_ENV = "TINKER_RL_DATA_GC_HEADROOM"
 DEFAULT_HEADROOM = 0.15
 DEFAULT_MIN_HEADROOM = 32 * 2**20
+# After an early collection, the allowance is also at least this fraction of
+# the step's RSS growth so far: the early collections' work stays linear in
+# the step's size (CPython's own full collections wait for 25% growth).
+GROWTH_FRACTION = 0.25
 # A sentinel: the headroom from the environment (else the default).
 _FROM_ENV: Any = object()
 # Set on this module's step wrappers (and copied by functools.wraps onto a
@@ -171,7 +181,8 @@ class StepCollector:
     collects early when RSS passes the RSS after the last full collection
     by this fraction of the RSS at the step's start (default: from
     :data:`HEADROOM_ENV`, else 0.15; None: no relative bound), at least
-    ``min_headroom`` bytes. ``max_rss_growth``: an absolute cap on that
+    ``min_headroom`` bytes, and at least a quarter of the step's growth so
+    far (:data:`GROWTH_FRACTION`). ``max_rss_growth``: an absolute cap on that
     growth in bytes (None: none). ``max_tracked``: objects surviving young
     collections since the last full one after which the guard collects
     (None: no such bound). ``freeze``: freeze the setup's objects when the
@@ -378,17 +389,18 @@ class StepCollector:
             rss = self._rss()
             if new_step or not self._rss_step:
                 self._rss_step = rss
-            headroom = self._rss_headroom()
+            headroom = self._rss_headroom(grown=rss - self._rss_step)
             self._rss_limit = None if headroom is None else rss + headroom
             self.stats.peak_limit = max(self.stats.peak_limit, self._rss_limit or 0)
             self._last_check = time.monotonic()
 
-    def _rss_headroom(self) -> int | None:
+    def _rss_headroom(self, grown: int = 0) -> int | None:
         """Bytes of RSS growth past the last full collection the guard
-        allows (None: no RSS bound)."""
+        allows (None: no RSS bound); ``grown``: the step's growth so far."""
         allowed = []
         if self.headroom is not None:
-            allowed.append(max(int(self.headroom * self._rss_step), self.min_headroom))
+            relative = max(int(self.headroom * self._rss_step), self.min_headroom)
+            allowed.append(max(relative, int(GROWTH_FRACTION * grown)))
         if self.max_rss_growth is not None:
             allowed.append(self.max_rss_growth)
         return min(allowed) if allowed else None
