@@ -34,8 +34,9 @@ the step's GC time. Here, while tinker-cookbook's training loop runs:
   garbage thus takes about ``headroom`` of the process's memory beyond
   what it took before (a quarter of a very large step's growth), whatever
   the process's size (a fixed number of bytes is both too much for a small
-  client and too little to matter for a large one). Set it by ``StepCollector(headroom=...)``, for
-  install()'s collector by :func:`configure`, or by the environment
+  client and too little to matter for a large one). Set it by
+  ``StepCollector(headroom=...)``, for install()'s collector by
+  :func:`configure`, or by the environment
   variable ``TINKER_RL_DATA_GC_HEADROOM`` (``0.1`` or ``10%``; ``off``:
   no RSS bound), read when a loop starts if no headroom was given. The
   guard also collects when the objects that survived young collections
@@ -394,7 +395,7 @@ class StepCollector:
             self.stats.peak_limit = max(self.stats.peak_limit, self._rss_limit or 0)
             self._last_check = time.monotonic()
 
-    def _rss_headroom(self, grown: int = 0) -> int | None:
+    def _rss_headroom(self, grown: int) -> int | None:
         """Bytes of RSS growth past the last full collection the guard
         allows (None: no RSS bound); ``grown``: the step's growth so far."""
         allowed = []
