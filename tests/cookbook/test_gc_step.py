@@ -218,6 +218,31 @@ def test_guard_collects_early_when_survivors_pass_the_bound():
     assert guarded.stats.guard_collections > 0 and guarded.stats.tracked_checks > 0
 
 
+def test_a_step_that_keeps_its_objects_is_not_collected_over_and_over():
+    # A step that keeps every object it makes (400,000), with the survivors'
+    # bound at 10,000 and no RSS bound. With a fixed bound the guard would
+    # collect ~40 times, each over all the step has kept so far (quadratic in
+    # the step); past four bounds the next is a quarter of what the step kept:
+    # about 4 + log(400/40)/log(1.25) ~ 14 collections.
+    collector = StepCollector(young=1_000, headroom=None, max_tracked=10_000)
+
+    async def step() -> list[Node]:
+        collector.loop_started(asyncio.get_running_loop())
+        try:
+            keep = []
+            for i in range(400_000):
+                keep.append(Node())
+                if i % 500 == 0:
+                    await asyncio.sleep(0)  # where the guard's collection runs
+            return keep
+        finally:
+            collector.loop_ended()
+
+    kept = asyncio.run(step())
+    assert len(kept) == 400_000
+    assert 5 <= collector.stats.guard_collections <= 16, collector.stats
+
+
 def test_no_full_collection_inside_a_step():
     collector = StepCollector(young=1_000, headroom=None, max_tracked=None)
     full = []

@@ -40,9 +40,10 @@ the step's GC time. Here, while tinker-cookbook's training loop runs:
   variable ``TINKER_RL_DATA_GC_HEADROOM`` (``0.1`` or ``10%``; ``off``:
   no RSS bound), read when a loop starts if no headroom was given. The
   guard also collects when the objects that survived young collections
-  since the last full one number ``max_tracked`` (4 M), and, if set, when
-  RSS has grown by ``max_rss_growth`` bytes (an absolute cap, none by
-  default);
+  since the last full one number ``max_tracked`` (4 M; after an early
+  collection, at least a quarter of the objects the step kept), and, if
+  set, when RSS has grown by ``max_rss_growth`` bytes (an absolute cap,
+  none by default);
 - if a step function the loop calls is not this collector's (a user's
   wrapper sits there, which install() keeps, so that piece is left out),
   the loop's wrapper puts the step's end around it while the loop runs
@@ -102,8 +103,9 @@ HEADROOM_ENV = "TINKER_RL_DATA_GC_HEADROOM"
 DEFAULT_HEADROOM = 0.15
 DEFAULT_MIN_HEADROOM = 32 * 2**20
 # After an early collection, the allowance is also at least this fraction of
-# the step's RSS growth so far: the early collections' work stays linear in
-# the step's size (CPython's own full collections wait for 25% growth).
+# the step's growth so far (RSS, and objects kept for max_tracked): the early
+# collections' work stays linear in the step's size (CPython's own full
+# collections wait for 25% growth).
 GROWTH_FRACTION = 0.25
 # A sentinel: the headroom from the environment (else the default).
 _FROM_ENV: Any = object()
@@ -186,8 +188,9 @@ class StepCollector:
     far (:data:`GROWTH_FRACTION`). ``max_rss_growth``: an absolute cap on that
     growth in bytes (None: none). ``max_tracked``: objects surviving young
     collections since the last full one after which the guard collects
-    (None: no such bound). ``freeze``: freeze the setup's objects when the
-    loop starts.
+    (None: no such bound), after an early collection at least a quarter of
+    the objects the step has kept so far. ``freeze``: freeze the setup's
+    objects when the loop starts.
     """
 
     def __init__(
@@ -212,6 +215,8 @@ class StepCollector:
         self._rss_step = 0
         self._last_check = 0.0
         self._next_tracked_check = 0
+        self._tracked_bound: int | None = None
+        self._kept = 0  # tracked objects the step's early collections left alive
         self._loop: asyncio.AbstractEventLoop | None = None
         self._configure(young, headroom, min_headroom, max_rss_growth, max_tracked, freeze)
 
@@ -373,10 +378,10 @@ class StepCollector:
             self.stats.step_ends_added += 1
         return added
 
-    def _collect(self) -> None:
+    def _collect(self) -> int:
         self._own_collect = True
         try:
-            gc.collect()
+            return gc.collect()
         finally:
             self._own_collect = False
 
@@ -385,7 +390,12 @@ class StepCollector:
         threshold and the guard's bounds from here."""
         self._guard_armed = False
         gc.set_threshold(self.young, _NEVER, _NEVER)
-        self._next_tracked_check = self.max_tracked or 0
+        if new_step:
+            self._kept = 0
+        self._tracked_bound = (
+            None if self.max_tracked is None else max(self.max_tracked, int(GROWTH_FRACTION * self._kept))
+        )
+        self._next_tracked_check = self._tracked_bound or 0
         if self._rss is not None:
             rss = self._rss()
             if new_step or not self._rss_step:
@@ -429,7 +439,11 @@ class StepCollector:
         with self._lock:
             if self._depth == 0 or self._passive or not self._guard_armed:
                 return
-            self._collect()
+            # What this collection leaves alive of the step's survivors
+            # (counted only for the max_tracked bound: a list of them).
+            survivors = 0 if self.max_tracked is None else len(gc.get_objects(generation=1))
+            freed = self._collect()
+            self._kept += max(0, survivors - freed)
             self.stats.guard_collections += 1
             self._step_started(new_step=False)
 
@@ -447,16 +461,16 @@ class StepCollector:
                 self._guard_armed = False
 
     def _over_bound(self) -> bool:
-        if self.max_tracked is not None:
+        if self._tracked_bound is not None:
             # Each young collection this step promoted at most `young`
             # objects: count them exactly only when that bound could be past.
             if gc.get_count()[1] * self.young >= self._next_tracked_check:
                 self.stats.tracked_checks += 1
                 survivors = len(gc.get_objects(generation=1))
-                if survivors >= self.max_tracked:
+                if survivors >= self._tracked_bound:
                     return True
                 self._next_tracked_check = gc.get_count()[1] * self.young + max(
-                    self.max_tracked - survivors, 4 * self.young
+                    self._tracked_bound - survivors, 4 * self.young
                 )
         if self._rss is None or self._rss_limit is None:
             return False
