@@ -215,7 +215,6 @@ class StepCollector:
         self._rss_step = 0
         self._last_check = 0.0
         self._next_tracked_check = 0
-        self._tracked_bound: int | None = None
         self._kept = 0  # tracked objects the step's early collections left alive
         self._loop: asyncio.AbstractEventLoop | None = None
         self._configure(young, headroom, min_headroom, max_rss_growth, max_tracked, freeze)
@@ -392,10 +391,7 @@ class StepCollector:
         gc.set_threshold(self.young, _NEVER, _NEVER)
         if new_step:
             self._kept = 0
-        self._tracked_bound = (
-            None if self.max_tracked is None else max(self.max_tracked, int(GROWTH_FRACTION * self._kept))
-        )
-        self._next_tracked_check = self._tracked_bound or 0
+        self._next_tracked_check = self._survivors_bound() if self.max_tracked is not None else 0
         if self._rss is not None:
             rss = self._rss()
             if new_step or not self._rss_step:
@@ -415,6 +411,13 @@ class StepCollector:
         if self.max_rss_growth is not None:
             allowed.append(self.max_rss_growth)
         return min(allowed) if allowed else None
+
+    def _survivors_bound(self) -> int:
+        """Survivors of young collections past the last full collection the
+        guard allows (with ``max_tracked`` set): a quarter of what the step
+        kept through its early collections, at least ``max_tracked``."""
+        assert self.max_tracked is not None
+        return max(self.max_tracked, int(GROWTH_FRACTION * self._kept))
 
     def _put_back(self) -> None:
         try:
@@ -441,7 +444,7 @@ class StepCollector:
                 return
             # What this collection leaves alive of the step's survivors
             # (counted only for the max_tracked bound: a list of them).
-            survivors = 0 if self.max_tracked is None else len(gc.get_objects(generation=1))
+            survivors = 0 if self.max_tracked is None else _survivors()
             freed = self._collect()
             self._kept += max(0, survivors - freed)
             self.stats.guard_collections += 1
@@ -461,17 +464,15 @@ class StepCollector:
                 self._guard_armed = False
 
     def _over_bound(self) -> bool:
-        if self._tracked_bound is not None:
+        if self.max_tracked is not None:
             # Each young collection this step promoted at most `young`
             # objects: count them exactly only when that bound could be past.
             if gc.get_count()[1] * self.young >= self._next_tracked_check:
                 self.stats.tracked_checks += 1
-                survivors = len(gc.get_objects(generation=1))
-                if survivors >= self._tracked_bound:
+                survivors, bound = _survivors(), self._survivors_bound()
+                if survivors >= bound:
                     return True
-                self._next_tracked_check = gc.get_count()[1] * self.young + max(
-                    self._tracked_bound - survivors, 4 * self.young
-                )
+                self._next_tracked_check = gc.get_count()[1] * self.young + max(bound - survivors, 4 * self.young)
         if self._rss is None or self._rss_limit is None:
             return False
         now = time.monotonic()
@@ -479,6 +480,12 @@ class StepCollector:
             return False
         self._last_check = now
         return self._rss() > self._rss_limit
+
+
+def _survivors() -> int:
+    """Objects that survived young collections since the last full one
+    (the older generations are collected only in full: thresholds never)."""
+    return len(gc.get_objects(generation=1))
 
 
 def apply(collector: StepCollector, module: Any | None = None) -> Callable[[], None]:
