@@ -7,13 +7,13 @@ handlers the trainer tests run against); each request is recorded as it
 arrives (:attr:`H2Service.requests`: method, path, HTTP version, headers in
 order, body as sent).
 
-The certificate is made here by the `openssl` command line tool (present
-wherever OpenSSL is; no Python package needed): a self-signed CA and the
-server's certificate it signs, for IP 127.0.0.1 (rustls, which pyqwest
-uses, refuses a CA certificate as a server's own). A client trusts it
-through ``SSL_CERT_FILE`` = :attr:`H2Service.ca_file`, which both of
-tinker's transports read when they are made: httpx's default SSL context
-and pyqwest's ``tls_include_system_certs=True`` (rustls-native-certs).
+The certificate is self-signed, for IP 127.0.0.1, made here by the
+`openssl` command line tool (present wherever OpenSSL is; neither `trustme`
+nor `cryptography` is installed with tinker). A client trusts it through
+``SSL_CERT_FILE`` = :attr:`H2Service.cert_file` ,
+which both of tinker's transports read when they are made: httpx's default
+SSL context and pyqwest's ``tls_include_system_certs=True`` (rustls'
+native roots).
 """
 
 from __future__ import annotations
@@ -55,27 +55,21 @@ class Request:
     body: bytes  # as sent (before any content-encoding is undone)
 
 
-def make_certificate(directory: Path) -> tuple[Path, Path, Path]:
-    """(CA certificate, server certificate, server key) for 127.0.0.1,
-    PEM files in `directory`."""
+def make_certificate(directory: Path) -> tuple[Path, Path]:
+    """(certificate, key): a self-signed certificate for 127.0.0.1, PEM
+    files in `directory`. Not a CA's (CA:FALSE): rustls, pyqwest's TLS,
+    refuses a CA certificate as the server's own (CaUsedAsEndEntity)."""
     openssl = shutil.which("openssl")
     if openssl is None:
         raise RuntimeError("the `openssl` command is needed to make the test's certificate")
-
-    def run(*args: str) -> None:
-        subprocess.run([openssl, *args], cwd=directory, check=True, capture_output=True)
-
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=tinker-rl-data test CA",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
-    run("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
-    (directory / "server.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:FALSE\n"
-        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", "server.key", "-out", "server.pem", "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-addext", "basicConstraints=critical,CA:FALSE",
+         "-addext", "extendedKeyUsage=serverAuth"],
+        cwd=directory, check=True, capture_output=True,
     )
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-set_serial", "1",
-        "-days", "2", "-extfile", "server.ext", "-out", "server.pem")
-    return directory / "ca.pem", directory / "server.pem", directory / "server.key"
+    return directory / "server.pem", directory / "server.key"
 
 
 class H2Connection(asyncio.Protocol):
@@ -196,15 +190,15 @@ class H2Connection(asyncio.Protocol):
 
 class H2Service:
     """The fake service over HTTPS/HTTP/2 in a thread; a context manager
-    giving :attr:`base_url` (``https://127.0.0.1:PORT``), :attr:`ca_file`
-    (the CA to trust) and :attr:`requests` (every request received, in
+    giving :attr:`base_url` (``https://127.0.0.1:PORT``), :attr:`cert_file`
+    (the certificate a client must trust: ``SSL_CERT_FILE``) and :attr:`requests` (every request received, in
     order of arrival)."""
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
         self.requests: list[Request] = []
         self.base_url = ""
-        self.ca_file = Path()
+        self.cert_file = Path()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -216,9 +210,9 @@ class H2Service:
 
     def __enter__(self) -> H2Service:
         self._tmp = tempfile.TemporaryDirectory(prefix="h2-service-")
-        self.ca_file, cert, key = make_certificate(Path(self._tmp.name))
+        self.cert_file, key = make_certificate(Path(self._tmp.name))
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(cert, key)
+        context.load_cert_chain(self.cert_file, key)
         context.set_alpn_protocols(["h2", "http/1.1"])
         service = Service(self.seed, None)
         service.on_request = self._record
@@ -246,7 +240,3 @@ class H2Service:
         self._loop.close()
         if self._tmp is not None:
             self._tmp.cleanup()
-
-    def of(self, path: str) -> list[Request]:
-        """The requests received on `path` (no query), in order."""
-        return [r for r in self.requests if r.path == path]

@@ -110,7 +110,7 @@ def sample_over_h2(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Sa
         params = types.SamplingParams(stop=[151645], max_tokens=MAX_TOKENS, temperature=1.0)
         with H2Service() as service, tinkers_leak_ignored():
             # Read when tinker's transports are made: httpx's SSL context, pyqwest's rustls roots.
-            monkeypatch.setenv("SSL_CERT_FILE", str(service.ca_file))
+            monkeypatch.setenv("SSL_CERT_FILE", str(service.cert_file))
             with tinker.ServiceClient(base_url=service.base_url) as client:
                 sampling_client = client.create_sampling_client(base_model=MODEL).result()
 
