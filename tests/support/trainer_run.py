@@ -188,6 +188,8 @@ def tolerance_options(args: argparse.Namespace, tolerance: str | None) -> dict[s
 
 
 def run(args: argparse.Namespace) -> None:
+    """Each of --variant's variants in turn, in this process; the result (a
+    list with several) written to --out."""
     probe = Probe(sample_rss=args.soak)
     os.environ["TINKER_API_KEY"] = "tml-fake-bench-key"  # the fake service takes any key
     from support.fake_tinker import FakeTinker
