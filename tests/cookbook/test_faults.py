@@ -4,8 +4,8 @@ answering by a seeded fault schedule (support/fake_tinker.py `Faults`: 5xx,
 429 + Retry-After, 408, empty-body 400, closed connections, lost answers,
 slow answers, try_again / complete_metadata polls, 410 on sample futures;
 where asked, non-retryable 400s). All runs are one process
-(support/trainer_run.py): stock first, then the variants, each against a fresh service
-with its run's schedule.
+(support/trainer_run.py): stock first, then the variants, each against a
+fresh service with its run's schedule.
 
 - With retryable faults, install() (defaults) sends, retries and gets
   answered the same requests on every path as stock, samples and trains the
