@@ -1,62 +1,24 @@
 """Seeded synthetic rollout batches shaped like real RL steps: the workloads
-of every table in bench/RESULTS.md."""
+of every table in bench/RESULTS.md (their shapes are tests/support/workloads.py's,
+which the trainer runs of the tests share), their token counts and the same
+rollouts as tinker-cookbook types."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+TESTS = str(Path(__file__).resolve().parents[1] / "tests")
+if TESTS not in sys.path:  # the shapes are tests/support's (bench/trainer.py's runs are the tests' runner)
+    sys.path.append(TESTS)
+
+from support.workloads import VOCAB, WORKLOADS, Workload  # noqa: E402
 
 if TYPE_CHECKING:
     from tinker_rl_data.evsys import TrajectoryGroup
 
-# numpy and tinker_rl_data are imported where used, so that the workload
-# names can be listed (scripts/demo.sh checks its argument) before the
-# package is installed.
-
-VOCAB = 151_000
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    groups: int
-    samples: int
-    turns: int
-    prompt: int
-    completion: int
-    observation: int = 0  # tokens the environment adds between turns
-
-    def build(self, scale: float = 1.0, seed: int = 0) -> list[TrajectoryGroup]:
-        """The batch, with `scale` times the groups."""
-        import numpy as np
-
-        from tinker_rl_data.evsys import Trajectory, TrajectoryGroup, Turn
-
-        rng = np.random.default_rng(seed)
-        out = []
-        for g in range(max(1, round(self.groups * scale))):
-            first_prompt = rng.integers(0, VOCAB, self.prompt).tolist()
-            trajectories = []
-            for _ in range(self.samples):
-                prompt, turns = first_prompt, []
-                for _ in range(self.turns):
-                    completion = rng.integers(0, VOCAB, self.completion).tolist()
-                    logprobs = (-rng.exponential(1.0, self.completion)).tolist()
-                    turns.append(Turn(list(prompt), completion, logprobs))
-                    prompt = prompt + completion + rng.integers(0, VOCAB, self.observation).tolist()
-                trajectories.append(Trajectory(turns, reward=float(rng.integers(0, 2))))
-            out.append(TrajectoryGroup(trajectories, tags=[f"task{g % 7}"]))
-        return out
-
-
-WORKLOADS = {
-    w.name: w
-    for w in [
-        Workload("single_turn_long", 64, 16, 1, 512, 1024),
-        Workload("multi_turn_agent", 16, 8, 4, 1024, 512, observation=64),
-        Workload("many_short", 512, 16, 1, 64, 32),
-    ]
-}
+__all__ = ["VOCAB", "WORKLOADS", "Workload", "positions", "merged_positions", "cookbook_available", "to_cookbook"]
 
 
 def positions(groups: list[TrajectoryGroup]) -> tuple[int, int]:

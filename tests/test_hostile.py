@@ -2,7 +2,7 @@
 ``__len__``, ``__iter__`` or properties mutate or clear the containers that
 hold them, answer differently on each call, raise, or return the wrong type,
 placed at every position of the input. Every example must end like the
-plain-Python reference (tests/reference.py): the same Datums and metadata,
+plain-Python reference (tests/support/reference.py): the same Datums and metadata,
 or the same exception class and location; never a crash.
 
 Each example runs in a forked child, so a crash (SIGSEGV, abort) fails that

@@ -117,7 +117,7 @@ def test_installed_tags_need_at_most_glibc_2_17():
     assert tags, f"no Tag lines in the installed WHEEL file:\n{wheel_meta}"
     for tag in tags:
         python, abi, platform = tag.split("-")
-        # Built for this interpreter (not abi3: rust/py/exact.rs).
+        # Built for this interpreter (not abi3: rust/py/read/exact.rs).
         this = f"cp{sys.version_info.major}{sys.version_info.minor}"
         assert (python, abi) == (this, this), tag
         assert glibc_of_platform_tag(platform) <= MAX_GLIBC, tag

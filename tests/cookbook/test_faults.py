@@ -1,11 +1,11 @@
 """Faults: tinker-cookbook's own `rl.train.main` (tiny workload, 2 steps, a
 group's members sharing their first prompt) against the fake tinker service
-answering by a seeded fault schedule (bench/fake_tinker.py `Faults`: 5xx,
+answering by a seeded fault schedule (support/fake_tinker.py `Faults`: 5xx,
 429 + Retry-After, 408, empty-body 400, closed connections, lost answers,
 slow answers, try_again / complete_metadata polls, 410 on sample futures;
-where asked, non-retryable 400s). All runs are one process (bench/trainer.py
---child): stock first, then the variants, each against a fresh service
-with its run's schedule.
+where asked, non-retryable 400s). All runs are one process
+(support/trainer_run.py): stock first, then the variants, each against a
+fresh service with its run's schedule.
 
 - With retryable faults, install() (defaults) sends, retries and gets
   answered the same requests on every path as stock, samples and trains the
@@ -19,7 +19,7 @@ with its run's schedule.
   sees each trajectory's failure, not k at once.
 
 The schedule is keyed on what a request asks for, not on arrival order, so
-the runs see the same faults (bench/fake_tinker.py). Not compared: the
+the runs see the same faults (support/fake_tinker.py). Not compared: the
 telemetry and heartbeat paths (their counts follow the clock), the order of
 a group's Datums (which member gets which draw is arrival order), and the
 coalesced runs' request counts (fewer requests, each of k samples meeting
@@ -48,9 +48,9 @@ try:
 except ImportError as exc:
     cookbook_unavailable(exc)
 
-# The one dependency on bench/: the script that runs the cookbook's loop
-# against the fake service (and writes its bodies and requests.json).
-TRAINER = Path(__file__).resolve().parents[2] / "bench" / "trainer.py"
+# The script that runs the cookbook's loop against the fake service (and
+# writes its bodies and requests.json).
+RUNNER = Path(__file__).resolve().parents[1] / "support" / "trainer_run.py"
 
 STEPS = 2
 TIMEOUT = 300  # seconds for all the runs: a hang fails the test, not the suite
@@ -58,7 +58,7 @@ TIMEOUT = 300  # seconds for all the runs: a hang fails the test, not the suite
 TIMED = {"/api/v1/telemetry", "/api/v1/session_heartbeat"}
 
 
-# One process (bench/trainer.py --child): stock first (install() is not
+# One process (support/trainer_run.py): stock first (install() is not
 # undone between runs), each run against a fresh service with its schedule.
 RETRYABLE = "seed=3,rate=0.15"  # every retryable fault but 408 and 500 (503 is), on every faulted path
 REJECT = "seed=1,rate=0,reject=0.2"  # prompts the service rejects with a 400 (not retried)
@@ -81,7 +81,7 @@ RUNS = {
 def runs(tmp_path_factory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("faults")
     record, out = tmp / "record", tmp / "out.json"
-    cmd = [sys.executable, str(TRAINER), "--child", "--workload", "tiny", "--variant", ";".join(RUNS)]
+    cmd = [sys.executable, str(RUNNER), "--workload", "tiny", "--variant", ";".join(RUNS)]
     cmd += ["--steps", str(STEPS), "--record", str(record), "--out", str(out), "--shared-prompt"]
     cmd += ["--faults", ";".join(RUNS.values())]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)

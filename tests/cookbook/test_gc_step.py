@@ -1,4 +1,4 @@
-"""The collector held to the trainer's step (tinker_rl_data._gc_step), on
+"""The collector held to the trainer's step (tinker_rl_data.cookbook.gc_step), on
 stand-in loop and step functions: the policy while the loop runs, one full
 collection per step, the guard, and the collector's state put back after
 the loop returns, raises, or restore()."""

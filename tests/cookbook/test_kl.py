@@ -1,4 +1,4 @@
-"""tinker-cookbook's KL penalty passes (tinker_rl_data._kl) against the real
+"""tinker-cookbook's KL penalty passes (tinker_rl_data.cookbook.kl) against the real
 tinker-cookbook 0.6.1: rl.metrics's incorporate_kl_penalty, compute_post_kl,
 score_sequences, _full_sequence_inputs, discounted_future_sum_vectorized and
 distillation.train_on_policy's incorporate_kl_penalty.

@@ -1,5 +1,5 @@
-"""The rest of tinker-cookbook's RL step (tinker_rl_data._step, re-exported by
-tinker_rl_data.cookbook) against the real tinker-cookbook 0.6.1.
+"""The rest of tinker-cookbook's RL step (tinker_rl_data.cookbook.step,
+re-exported by tinker_rl_data.cookbook) against the real tinker-cookbook 0.6.1.
 
 Differential: random inputs go through the cookbook's own functions
 (compute_kl_sample_train, compute_trajectory_metrics, _remove_mask,

@@ -1,6 +1,6 @@
 """rust/torch_sum.rs against torch itself: our float32 sum of a 1-D float32
 array must be bit for bit torch's CPU ``Tensor.sum()`` of it, contiguous
-or strided, at the vector width tinker_rl_data._kl finds for this
+or strided, at the vector width tinker_rl_data.cookbook.kl finds for this
 machine's CPU capability (and, in a subprocess, for torch's DEFAULT one:
 ``ATEN_CPU_CAPABILITY``).
 

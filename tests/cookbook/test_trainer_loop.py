@@ -1,10 +1,11 @@
-"""tinker-cookbook's own `rl.train.main` against bench/fake_tinker.py, tiny
+"""tinker-cookbook's own `rl.train.main` against support/fake_tinker.py, tiny
 workload, 2 steps, stock first and then each variant, in one fresh process
-(each run against a fresh fake service), with a KL penalty against the base
-model (discounted): with tinker_rl_data.cookbook.install() (its KL passes
-included, and with the collector held to the step) the forward_backward
-bodies are the same protobuf messages as stock's and the logged metrics are
-equal (the KL penalty's mean exactly)."""
+(support/trainer_run.py; each run against a fresh fake service), with a KL
+penalty against the base model (discounted): with
+tinker_rl_data.cookbook.install() (its KL passes included, and with the
+collector held to the step) the forward_backward bodies are the same
+protobuf messages as stock's and the logged metrics are equal (the KL
+penalty's mean exactly)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ try:
 except ImportError as exc:
     cookbook_unavailable(exc)
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+RUNNER = Path(__file__).resolve().parents[1] / "support" / "trainer_run.py"
 
 from support.trainer_checks import canonical_bodies, comparable, compare_metrics  # noqa: E402
 
@@ -36,7 +37,7 @@ VARIANTS = ["stock", "installed", "installed+gc"]
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("loop")
     record, out = tmp / "record", tmp / "out.json"
-    cmd = [sys.executable, str(BENCH / "trainer.py"), "--child", "--workload", "tiny", "--variant", ";".join(VARIANTS)]
+    cmd = [sys.executable, str(RUNNER), "--workload", "tiny", "--variant", ";".join(VARIANTS)]
     cmd += ["--steps", str(STEPS), "--record", str(record), "--out", str(out), "--kl-coef", "0.1", "--kl-discount", "0.9"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-4000:]

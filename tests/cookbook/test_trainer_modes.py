@@ -1,7 +1,7 @@
 """tinker-cookbook's own `rl.train.main` in the modes throughput-minded
 users turn on, stock vs tinker_rl_data.cookbook.install() (the default: its
 pieces and the collector held to the step), tiny workload, 3 steps, against
-bench/fake_tinker.py (bench/trainer.py's child mode, each variant against a
+support/fake_tinker.py (support/trainer_run.py, each variant against a
 fresh fake service):
 
 - stream_minibatch_config (2 minibatches per step): a step's groups are
@@ -12,7 +12,7 @@ fresh fake service):
 - async_config (max_steps_off_policy=1): which step trains a group is
   completion order (two stock runs differ there too), so the run's bodies
   are compared as one multiset of Datums, and the metrics in the steps that
-  trained the same groups in both runs (bench/trainer.py's
+  trained the same groups in both runs (support/trainer_checks.py's
   same_groups_steps); every step logs.
 - async_config with a spawn pool of 2 workers: the same, and the workers
   ran the driver's pieces.
@@ -37,7 +37,7 @@ try:
 except ImportError as exc:
     cookbook_unavailable(exc)
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+RUNNER = Path(__file__).resolve().parents[1] / "support" / "trainer_run.py"
 
 from support.trainer_checks import canonical_bodies, comparable, compare_metrics, compare_run_bodies, same_groups_steps  # noqa: E402
 
@@ -47,7 +47,7 @@ VARIANTS = ["stock", "installed+gc"]
 
 def run_trainer(tmp: Path, *flags: str) -> dict[str, tuple]:
     record, out = tmp / "record", tmp / "out.json"
-    cmd = [sys.executable, str(BENCH / "trainer.py"), "--child", "--workload", "tiny", "--variant", ";".join(VARIANTS)]
+    cmd = [sys.executable, str(RUNNER), "--workload", "tiny", "--variant", ";".join(VARIANTS)]
     cmd += ["--steps", str(STEPS), "--record", str(record), "--out", str(out), *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

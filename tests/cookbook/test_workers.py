@@ -3,7 +3,7 @@
 The fast tests check the piece and its pickling in this process and the
 worker's install in a fresh interpreter (a failing probe: one warning, the
 rest installed; strict: the task raises). The trainer tests run
-tinker-cookbook's own `rl.train.main` (bench/trainer.py's child mode, tiny
+tinker-cookbook's own `rl.train.main` (support/trainer_run.py, tiny
 workload, stock first, then installed, each against a fresh fake service)
 with a spawn process pool of 2 and, when `ray` is importable, a Ray-backed
 Executor of 2 workers: every forward_backward body equal to stock's (sync
@@ -43,7 +43,7 @@ from tinker_rl_data.cookbook import workers as _workers
 from tinker_rl_data.patch import transaction as _patch
 from tinker_rl_data import cookbook as tcookbook
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+RUNNER = Path(__file__).resolve().parents[1] / "support" / "trainer_run.py"
 
 from support.signals import CountedRepr, signal_reprs_handlers  # noqa: E402
 from support.trainer_checks import canonical_bodies, comparable, compare_metrics  # noqa: E402
@@ -229,7 +229,7 @@ def test_a_worker_whose_probe_fails(strict):
 
 def run_trainer(tmp: Path, variants: list[str], *flags: str, timeout: float = 600) -> dict[str, tuple]:
     record, out = tmp / "record", tmp / "out.json"
-    cmd = [sys.executable, str(BENCH / "trainer.py"), "--child", "--workload", "tiny", "--variant", ";".join(variants)]
+    cmd = [sys.executable, str(RUNNER), "--workload", "tiny", "--variant", ";".join(variants)]
     cmd += ["--steps", str(STEPS), "--record", str(record), "--out", str(out), *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -224,7 +224,7 @@ def test_an_error_late_in_the_batch_leaves_no_references_behind():
 
 
 def test_ints_are_read_in_place_on_the_cpythons_we_ship_for():
-    # The properties above then test the in-place read (rust/py/exact.rs),
+    # The properties above then test the in-place read (rust/py/read/exact.rs),
     # not only the C API fallback; their tokens include 2**30 - 1 (one
     # digit), 2**30 and 2**31 - 1 (two digits, read by the C API).
     from tinker_rl_data import _core

@@ -1,7 +1,8 @@
 """Hypothesis strategies for random batches of tinker-cookbook 0.6.1's own
 types (TrajectoryGroup, Trajectory, Transition, TokensWithLogprobs,
 tinker.ModelInput with text and image chunks). Imported by
-tests/test_cookbook.py only once tinker_cookbook is known to be importable."""
+tests/cookbook/test_data_processing.py and test_step.py only once
+tinker_cookbook is known to be importable."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""tinker_rl_data._coalesce: concurrent identical single-sample calls on one
+"""tinker_rl_data.tinker.coalesce: concurrent identical single-sample calls on one
 sampling client become one request with num_samples=k. tinker's `sample`
 is replaced by a fake with its signature (the transport here): it records
 each request and answers with a future the test resolves."""

@@ -1,4 +1,4 @@
-"""tinker_rl_data.sampling: the `sample` request body against tinker's own,
+"""tinker_rl_data.tinker.sample: the `sample` request body against tinker's own,
 `json.dumps(model_dump(request, exclude_unset=False, exclude_none=True,
 mode="json"), ensure_ascii=False, separators=(",", ":"), allow_nan=False)`,
 and posted through tinker's real client (a local transport)."""

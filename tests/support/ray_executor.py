@@ -4,8 +4,8 @@ one Ray task (`num_cpus=1`) calling `fn(*args)` in one of Ray's worker
 processes, which Ray reuses across tasks; its `ObjectRef.future()` is the
 Future. A local cluster of `num_cpus=max_workers` is started on first use
 (~3 s here, ~690 MB per worker) and stopped by `shutdown()`. The workers get
-this directory and the driver's `sys.path` entries on their PYTHONPATH (the
-bench's environment classes are pickled by reference).
+the driver's `sys.path` entries on their PYTHONPATH (the environment classes
+of :mod:`.cookbook_env` are pickled by reference).
 
 Ray is a bench and test dependency only (`pip install ray`).
 """

@@ -1,11 +1,11 @@
 """A tinker-cookbook RL environment on token lists, shaped like
-bench/workloads.py's batches, for running the cookbook's own `rl.train.main`
+:mod:`.workloads`' batches (plus `tiny`), for running the cookbook's own `rl.train.main`
 without a renderer, a tokenizer download or a dataset.
 
 Each group is one task: its envs share the task's first prompt (or, by
 default, differ from it in the last token, so that every sample request is
 distinct and two runs get the same tokens for the same env; see
-bench/fake_tinker.py), each env runs `turns` turns, and a turn's next prompt
+:mod:`.fake_tinker`), each env runs `turns` turns, and a turn's next prompt
 is the sequence so far plus `observation` tokens derived from the action (so
 the cookbook merges the turns into one datum, as in multi_turn_agent). The
 last step's reward is the parity of the action's token sum; each step
@@ -22,7 +22,7 @@ import chz
 import tinker
 from tinker_cookbook.rl.types import Env, EnvGroupBuilder, RLDataset, RLDatasetBuilder, StepResult
 
-from workloads import VOCAB, WORKLOADS, Workload
+from .workloads import VOCAB, WORKLOADS, Workload
 
 LOOP_WORKLOADS: dict[str, Workload] = {
     **WORKLOADS,
