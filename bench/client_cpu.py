@@ -3,7 +3,7 @@
 (`completers.TinkerTokenCompleter`: one prompt, `num_samples=1`,
 `SamplingParams(stop=..., max_tokens=..., temperature=...)`), tinker's real
 ServiceClient / SamplingClient against the fake service
-(fake_tinker.py) on loopback, which answers at once; each call is one
+(tests/support/fake_tinker.py) on loopback, which answers at once; each call is one
 `asample` request and one `retrieve_future` request.
 
 Variants, each in a fresh process (the GC off in every one), in turn,
@@ -38,8 +38,8 @@ time header's value and the host's port; the table says whether they do.
     python bench/client_cpu.py [--n 2000] [--rounds 3] [--variants stock,installed,floor]
                                [--prompt-tokens 64] [--max-tokens 32] [--out PATH]
 
-Defaults: many_short's shape (bench/workloads.py: 64-token prompts, 32
-sampled tokens).
+Defaults: many_short's shape (tests/support/workloads.py: 64-token
+prompts, 32 sampled tokens).
 """
 
 from __future__ import annotations
@@ -59,12 +59,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
+sys.path[:0] = [str(HERE.parent / "tests")]
 
-try:  # tests/support/ once the tests own their harness (issue 40); bench/ before
-    from support.fake_tinker import FakeTinker, read_capture
-except ImportError:
-    from fake_tinker import FakeTinker, read_capture
+from support.fake_tinker import FakeTinker, read_capture  # noqa: E402
 
 MODEL = "fake/model"
 STOP = [151645]  # a renderer's stop token

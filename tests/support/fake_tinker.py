@@ -28,8 +28,8 @@ its path, what it asks for and how many times that was asked before, not
 on arrival order or timing: two runs sending the same requests see the
 same faults.
 
-    python bench/fake_tinker.py [--seed N] [--record DIR] [--faults SPEC] [--timeout S] [--parent-pid PID]
-                              [--capture FILE]
+    python tests/support/fake_tinker.py [--seed N] [--record DIR] [--faults SPEC] [--timeout S]
+                                        [--parent-pid PID] [--capture FILE]
 
 prints `port <N>` on stdout once it listens. From Python, `FakeTinker()` is
 a context manager that starts it and gives `base_url`.

@@ -34,16 +34,7 @@ import h2.connection
 import h2.events
 import h2.exceptions
 
-try:  # tests/support/ once the tests own their harness (issue 40)
-    from .fake_tinker import HttpProtocol, Service
-except ImportError:  # before: the fake service is bench's (loaded by path, bench/ kept off sys.path)
-    import importlib.util
-
-    _spec = importlib.util.spec_from_file_location("fake_tinker", Path(__file__).parents[2] / "bench" / "fake_tinker.py")
-    assert _spec is not None and _spec.loader is not None
-    _fake_tinker = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_fake_tinker)
-    HttpProtocol, Service = _fake_tinker.HttpProtocol, _fake_tinker.Service
+from .fake_tinker import HttpProtocol, Service
 
 
 @dataclass(frozen=True)
