@@ -3,8 +3,8 @@
 (`completers.TinkerTokenCompleter`: one prompt, `num_samples=1`,
 `SamplingParams(stop=..., max_tokens=..., temperature=...)`), tinker's real
 ServiceClient / SamplingClient against the fake service
-(tests/support/fake_tinker.py) on loopback, which answers at once; each call is one
-`asample` request and one `retrieve_future` request.
+(tests/support/fake_tinker.py) on loopback, which answers at once; each
+call is one `asample` request and one `retrieve_future` request.
 
 Variants, each in a fresh process (the GC off in every one), in turn,
 --rounds times:
@@ -20,20 +20,22 @@ Variants, each in a fresh process (the GC off in every one), in turn,
              round-trip time per request), bodies as tinker's
              (`json.dumps` of the same dict), the JSON future parsed,
              tinker's own proto decode of the SampleResponse
-             (`deserialize_proto_response`); no retries, no limits
+             (`deserialize_proto_response`); no retries, no limits; run
+             on the caller's loop
 
 Each process makes its clients, runs N calls through tinker (warm-up:
 connections, sessions, caches), then the N timed calls (the floor's through
 its path). Client CPU: `time.process_time()` over the timed calls, every
 thread of the process (the caller's loop, tinker's loop thread, pyqwest's
-native threads); beside it per thread group, from /proc/self/task. The fake
+native threads); beside it per thread, from /proc/self/task. The fake
 service runs in its own process (its CPU is not counted).
 
 The wire: the service captures every request (fake_tinker --capture); the
 `asample` and `retrieve_future` requests each variant sent (warm-up and timed)
-must equal stock's of the same round as multisets of (method, path, headers
-in order, body), but for the idempotency key's random part, the round-trip
-time header's value and the host's port; the table says whether they do.
+must equal stock's of the same round (stock runs first) as multisets of
+(method, path, headers in order, body), the values of the idempotency key,
+the round-trip-time header and host (each process's own service port)
+aside; the table says whether they do.
 
     python bench/client_cpu.py [--n 2000] [--rounds 3] [--variants stock,installed,floor]
                                [--prompt-tokens 64] [--max-tokens 32] [--out PATH]
