@@ -403,8 +403,12 @@ def test_a_batch_whose_loop_closes_before_its_turn_is_sent_and_left():
     pending = sample.__tinker_rl_data_pending__
     client = object()
     futures = []
+
+    def calls():
+        futures.extend(sample(client, types.ModelInput.from_ints(PROMPT), 1, params()) for _ in range(2))
+
     loop = asyncio.new_event_loop()
-    loop.call_soon(lambda: futures.extend(sample(client, types.ModelInput.from_ints(PROMPT), 1, params()) for _ in range(2)))
+    loop.call_soon(calls)
     loop.call_soon(loop.stop)  # stopped in the turn of the calls: their batch's turn never comes
     loop.run_forever()
     assert len(futures) == 2 and not fake.calls and len(pending) == 1
