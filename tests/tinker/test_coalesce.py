@@ -6,8 +6,15 @@ each request and answers with a future the test resolves."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import json
+import subprocess
+import sys
+import threading
+import time
 import warnings
 from concurrent.futures import Future
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,6 +71,7 @@ def response(n, offset=0):
 
 
 PROMPT = [1, 2, 3]
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def params(**kw):
@@ -235,6 +243,186 @@ def test_a_caller_blocking_the_loop_sends_its_batch_first():
     assert run(go()).sequences[0].tokens == [100]
 
 
+# Every way tinker documents to block on what `sample()` returns (its
+# `APIFuture`, `.future()`, and the returned future itself, still a
+# concurrent Future for old callers), each given two coalesced calls.
+LONG = 60  # seconds: only a bound for a test that would otherwise hang
+
+
+def wait_all(futures):
+    done, _ = concurrent.futures.wait([f.future() for f in futures], timeout=LONG)
+    return len(done)
+
+
+def wait_all_returned(futures):
+    done, _ = concurrent.futures.wait(futures, timeout=LONG)
+    return len(done)
+
+
+def as_completed(futures):
+    return len(list(concurrent.futures.as_completed([f.future() for f in futures], timeout=LONG)))
+
+
+def as_completed_returned(futures):
+    return len(list(concurrent.futures.as_completed(futures, timeout=LONG)))
+
+
+def result(futures):
+    return len([f.result(timeout=LONG) for f in futures])
+
+
+def future_result(futures):
+    return len([f.future().result(timeout=LONG) for f in futures])
+
+
+def exception(futures):
+    return len([f for f in futures if f.exception(timeout=LONG) is None])
+
+
+def done_polled(futures):
+    deadline = time.monotonic() + LONG
+    while not all(f.done() for f in futures) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return sum(f.done() for f in futures)
+
+
+BLOCKING = [
+    wait_all, wait_all_returned, as_completed, as_completed_returned, result, future_result,
+    exception, done_polled,
+]
+
+
+@pytest.mark.parametrize("block", BLOCKING, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("answer", ["at once", "from another thread"])
+def test_a_blocking_wait_on_the_loops_thread_sends_the_merged_request(block, answer):
+    # A sync env step inside a coroutine: the loop's thread blocks on its
+    # samples, so the loop's next turn (when a batch goes out) never comes.
+    fake = FakeSample(answer="later" if answer == "from another thread" else "at once")
+    sample = make_sample(fake)
+
+    def answer_when_sent():
+        deadline = time.monotonic() + LONG
+        while not fake.calls and time.monotonic() < deadline:
+            time.sleep(0.001)
+        fake.calls[0][5].set_result(response(2, offset=100))
+
+    async def go():
+        client = object()
+        futures = [sample(client, types.ModelInput.from_ints(PROMPT), 1, params()) for _ in range(2)]
+        if answer == "from another thread":
+            threading.Thread(target=answer_when_sent, daemon=True).start()
+        return block(futures), futures
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the returned future's Future methods
+        unblocked, futures = run(go())
+    assert unblocked == 2
+    assert [c[2] for c in fake.calls] == [2]  # still merged
+    assert [f.result(0).sequences[0].tokens for f in futures] == [[100], [101]]
+
+
+# tinker's own client against the local fake service (bench/fake_tinker.py),
+# in a process of its own (as a user's script: tinker's client threads and
+# connections end with it), blocking on two coalesced calls each way.
+BLOCKED_SCRIPT = r"""
+import asyncio, concurrent.futures, json, sys
+sys.path.insert(0, sys.argv[1])
+from fake_tinker import FakeTinker
+import tinker
+from tinker import types
+from tinker.lib.public_interfaces.sampling_client import SamplingClient
+from tinker_rl_data.tinker import coalesce
+
+SamplingClient.sample = coalesce.make_sample(SamplingClient.sample)
+LONG = 30  # only a bound: without it the unfixed waits never return
+WAYS = {
+    "wait": lambda fs: len(concurrent.futures.wait([f.future() for f in fs], timeout=LONG).done),
+    "as_completed": lambda fs: len(list(concurrent.futures.as_completed([f.future() for f in fs], timeout=LONG))),
+    "result": lambda fs: len([f.result(timeout=LONG) for f in fs]),
+}
+
+async def blocked(client, way, prompt):
+    params = types.SamplingParams(max_tokens=8, temperature=1.0)
+    futures = [client.sample(prompt, 1, params) for _ in range(2)]
+    try:
+        unblocked = WAYS[way](futures)
+    except TimeoutError:
+        unblocked = "timed out"
+    return unblocked, [[list(s.tokens) for s in f.result(LONG).sequences] for f in futures]
+
+out = {}
+with FakeTinker() as service:
+    with tinker.ServiceClient(base_url=service.base_url, api_key="tml-fake-key") as service_client:
+        client = service_client.create_sampling_client(base_model="fake/model-8b").result()
+        for i, way in enumerate(WAYS):
+            coalesce.reset_counts()
+            unblocked, samples = asyncio.run(blocked(client, way, types.ModelInput.from_ints([7, 8, i])))
+            out[way] = {"unblocked": unblocked, "samples": samples, "counts": coalesce.counts()}
+    service.proc.stdout.close()
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def blocked_on_tinkers_client():
+    proc = subprocess.run(
+        [sys.executable, "-c", BLOCKED_SCRIPT, str(BENCH)], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("way", ["wait", "as_completed", "result"])
+def test_a_blocking_wait_gets_tinkers_samples_merged(blocked_on_tinkers_client, way):
+    outcome = blocked_on_tinkers_client[way]
+    assert outcome["unblocked"] == 2
+    assert outcome["counts"]["merged_requests"] == 1 and outcome["counts"]["merged_calls"] == 2
+    samples = outcome["samples"]
+    assert [len(s) for s in samples] == [1, 1] and samples[0] != samples[1]  # one draw each
+
+
+def test_the_probe_fails_when_a_blocking_wait_is_not_seen(monkeypatch):
+    # What sends a batch under `concurrent.futures.wait`: the waiter it adds.
+    from concurrent.futures import _base
+
+    def install_unseen(fs, return_when):
+        waiter = _base._AllCompletedWaiter(len(fs), stop_on_exception=False)
+        for f in fs:
+            list.append(f._waiters, waiter)
+        return waiter
+
+    monkeypatch.setattr(_base, "_create_and_install_waiters", install_unseen)
+    original = SamplingClient.sample
+    with pytest.raises(ProbeFailed, match="concurrent.futures.wait"):
+        probe_sample(original, make_sample(original))
+
+
+def test_a_batch_whose_loop_closes_before_its_turn_is_sent_and_left():
+    fake = FakeSample()
+    sample = make_sample(fake)
+    pending = sample.__tinker_rl_data_pending__
+    client = object()
+    futures = []
+
+    def calls():
+        futures.extend(sample(client, types.ModelInput.from_ints(PROMPT), 1, params()) for _ in range(2))
+
+    loop = asyncio.new_event_loop()
+    loop.call_soon(calls)
+    loop.call_soon(loop.stop)  # stopped in the turn of the calls: their batch's turn never comes
+    loop.run_forever()
+    assert len(futures) == 2 and not fake.calls and len(pending) == 1
+    loop.close()
+    # Its callers get what tinker's sample, called at once, would have given them.
+    assert [c[2] for c in fake.calls] == [2]
+    assert [f.future().result(0).sequences[0].tokens for f in futures] == [[100], [101]]
+    # No batch of the closed loop is left for a new loop (maybe at its address) to join.
+    assert not pending
+    results = run(group(sample, client, 2))
+    assert [c[2] for c in fake.calls] == [2, 2]
+    assert [r.sequences[0].tokens for r in results] == [[200], [201]]
+
+
 def test_merges_at_most_max_merge_calls_per_request():
     fake = FakeSample()
     results = run(group(make_sample(fake, max_merge=4), object(), 10))
@@ -332,8 +520,6 @@ def test_failures_and_cancellations_from_other_threads():
     # tinker finishes its futures on its own loop's thread; a caller can be
     # cancelled from any thread. Many groups, each merged request failing
     # on a worker thread, one caller per group cancelled from another one.
-    import threading
-
     fake = FakeSample(answer=lambda i, n: "later")
     sample = make_sample(fake)
     groups, size = 40, 4

@@ -33,6 +33,17 @@ trajectory's failure apart, never k at once. ``counts()`` says how often
 (``split_requests``, ``split_calls``). The resends go out from the thread
 that saw the failure (tinker's ``sample`` may be called from any thread).
 
+A caller that blocks instead of awaiting (``result()``, ``exception()``,
+``done()``, or ``concurrent.futures.wait`` / ``as_completed`` on the
+returned future or its ``future()``: a sync env step inside a coroutine
+blocks the loop's thread, whose next turn then never comes) sends its
+batch at once, with the calls joined so far; later calls start another.
+Awaiting (``await``, ``result_async()``, ``asyncio.wrap_future``) waits
+for the turn, so the cookbook's ``asyncio.gather`` still merges a group. A
+loop closed before its turn drops it; that sends the batch too (its
+callers get tinker's answer, as from tinker's ``sample``, which sends at
+once), and no batch of that loop is left for a later loop to join.
+
 Cancelling one caller's future (a per-rollout timeout) leaves the others
 and the merged request running, and a caller already sent alone cancels
 its own request; cancelling every caller of a merged request cancels it.
@@ -54,7 +65,7 @@ import dataclasses
 import functools
 import inspect
 import threading
-from concurrent.futures import CancelledError, Future, InvalidStateError
+from concurrent.futures import CancelledError, Future, InvalidStateError, as_completed, wait
 from typing import Any, Callable
 
 from .. import _core
@@ -167,22 +178,28 @@ def make_sample(original: Callable[..., Any], max_merge: int = MAX_MERGE) -> Cal
             caller = batch.join(max_merge)
             assert caller is not None  # a new batch takes one caller at least
             pending[slot] = batch
-            loop.call_soon(batch.send)
-        return _AwaitableFutureCompatWrapper(caller)
+            loop.call_soon(_Turn(batch))
+        returned = _AwaitableFutureCompatWrapper(caller)
+        # Still a concurrent Future (tinker's back-compat), so it can be waited on too.
+        returned._waiters = _Waiters(caller._batch)  # type: ignore[attr-defined]
+        return returned
 
     sample.__tinker_rl_data_pending__ = pending  # type: ignore[attr-defined]  # for tests
     return sample
 
 
 class _Caller(Future):
-    """One merged caller's future. Waiting on it blocking (``result()``)
-    before its batch is sent sends it first, so that a caller blocking the
-    loop's thread does not wait for a turn of that loop. Once sent alone
-    (its merged request failed), ``alone`` is that request's future."""
+    """One merged caller's future. Waiting on it blocking before its batch
+    is sent (``result()``, ``exception()``, ``done()``, or
+    ``concurrent.futures.wait`` / ``as_completed``, which add a waiter)
+    sends the batch then, so that a caller blocking the loop's thread does
+    not wait for a turn of that loop. Once sent alone (its merged request
+    failed), ``alone`` is that request's future."""
 
     def __init__(self, batch: _Batch):
         super().__init__()
         self._batch = batch
+        self._waiters = _Waiters(batch)  # type: ignore[attr-defined]
         self.alone: Future | None = None
 
     def result(self, timeout: float | None = None) -> Any:
@@ -193,11 +210,51 @@ class _Caller(Future):
         self._batch.send()
         return super().exception(timeout)
 
+    def done(self) -> bool:
+        self._batch.send()  # a caller polling it would wait for the loop's turn forever
+        return super().done()
+
     def cancel(self) -> bool:
         cancelled = super().cancel()
         if cancelled:
             self._batch.caller_cancelled(self)
         return cancelled
+
+
+class _Waiters(list):
+    """A future's waiters, where ``concurrent.futures.wait`` and
+    ``as_completed`` add theirs before they block: adding one sends the
+    batch, from a thread of its own, since the waiting thread holds the
+    futures' locks until every waiter is added (sent inline, a caller
+    finished before its waiter is added would never wake the wait)."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: _Batch):
+        super().__init__()
+        self.batch = batch
+
+    def append(self, waiter: Any) -> None:
+        super().append(waiter)
+        self.batch.send_from_thread()
+
+
+class _Turn:
+    """The loop's turn for a batch: sends it when the loop runs it, or when
+    the loop drops it unrun (closed first), so that no caller waits on a
+    dead loop and no batch of a freed loop stays in ``pending`` for a new
+    loop at its address to join."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: _Batch):
+        self.batch = batch
+
+    def __call__(self) -> None:
+        self.batch.send()
+
+    def __del__(self) -> None:
+        self.batch.send()  # nothing to do once sent
 
 
 class _Batch:
@@ -218,9 +275,11 @@ class _Batch:
         self.sampling_params = sampling_params
         self.callers: list[_Caller] = []
         self.sent = False
-        # Guards `sent`, `callers`, `request` and each caller's `alone`
-        # (callers are cancelled from any thread; requests finish on
-        # tinker's loop thread).
+        self.sending = False  # a thread was started to send it
+        # Guards `sent`, `sending`, `callers`, `request` and each caller's
+        # `alone` (callers are cancelled from any thread; requests finish on
+        # tinker's loop thread). Nothing is locked while it is held: a
+        # blocking wait holds its futures' locks when it sends the batch.
         self.lock = threading.Lock()
         self.request: Future | None = None
 
@@ -233,12 +292,20 @@ class _Batch:
             self.callers.append(caller)
             return caller
 
+    def send_from_thread(self) -> None:
+        with self.lock:
+            if self.sent or self.sending:
+                return
+            self.sending = True
+        threading.Thread(target=self.send, name="tinker_rl_data coalesce send", daemon=True).start()
+
     def send(self) -> None:
         with self.lock:
             if self.sent:
                 return
             self.sent = True
-            callers = [c for c in self.callers if not c.cancelled()]
+            joined = list(self.callers)
+        callers = [c for c in joined if not c.cancelled()]
         if self.pending.get(self.slot) is self:
             self.pending.pop(self.slot, None)
         if not callers:
@@ -270,10 +337,10 @@ class _Batch:
         with self.lock:
             alone = caller.alone
             request = self.request
-            every = all(c.cancelled() for c in self.callers)
+            callers = list(self.callers)
         if alone is not None:
             alone.cancel()
-        elif request is not None and every:
+        elif request is not None and all(c.cancelled() for c in callers):
             request.cancel()
 
     def deliver(self, done: Future, callers: list[_Caller]) -> None:
@@ -354,8 +421,8 @@ def probe_sample(original: Callable[..., Any], ours: Callable[..., Any]) -> None
     """Raises ProbeFailed, saying why, unless tinker's ``sample`` is still
     what ``ours`` (``make_sample(original)``) relies on: its parameters and
     their defaults, an ``APIFuture`` with ``future()`` as its result, a
-    dataclass response with ``sequences``, and prompts and parameters the
-    core reads."""
+    dataclass response with ``sequences``, prompts and parameters the core
+    reads, and ``concurrent.futures`` waits a caller can be seen in."""
     from tinker import types
     from tinker.lib.backcompat_concurrent_future import _AwaitableFutureCompatWrapper
     from tinker.lib.public_interfaces.api_future import APIFuture
@@ -376,10 +443,33 @@ def probe_sample(original: Callable[..., Any], ours: Callable[..., Any]) -> None
         raise ProbeFailed("tinker's SampleResponse is no longer a dataclass with sequences")
     if "seed" not in types.SamplingParams.model_fields:
         raise ProbeFailed("tinker's SamplingParams has no seed")
+    if not _waits_are_seen():
+        raise ProbeFailed("concurrent.futures.wait no longer adds its waiter to a future's _waiters")
     parts = sampling._parts()
     prompt = types.ModelInput.from_ints([1, 2, 3])
     if parts is None or _core.sample_prompt_key(prompt, types.SamplingParams(max_tokens=4), parts) is None:
         raise ProbeFailed(f"the core does not read tinker's prompts: {sampling.schema_mismatch()}")
+
+
+def _waits_are_seen() -> bool:
+    """Whether ``concurrent.futures.wait`` and ``as_completed`` still add
+    their waiter to a future's ``_waiters`` (what sends a batch that a
+    caller waits on that way)."""
+    seen: list[Any] = []
+
+    class Seen(list):
+        def append(self, waiter: Any) -> None:
+            seen.append(waiter)
+            super().append(waiter)
+
+    future: Future = Future()
+    future._waiters = Seen()  # type: ignore[attr-defined]
+    wait([future], timeout=0)
+    try:
+        next(as_completed([future], timeout=0))
+    except TimeoutError:
+        pass
+    return len(seen) == 2 and not future._waiters  # type: ignore[attr-defined]
 
 
 PIECES = (
