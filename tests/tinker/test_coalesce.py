@@ -71,7 +71,7 @@ def response(n, offset=0):
 
 
 PROMPT = [1, 2, 3]
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
 
 def params(**kw):
@@ -321,7 +321,7 @@ def test_a_blocking_wait_on_the_loops_thread_sends_the_merged_request(block, ans
     assert [f.result(0).sequences[0].tokens for f in futures] == [[100], [101]]
 
 
-# tinker's own client against the local fake service (bench/fake_tinker.py),
+# tinker's own client against the local fake service (tests/support/fake_tinker.py),
 # in a process of its own (as a user's script: tinker's client threads and
 # connections end with it), blocking on two coalesced calls each way.
 BLOCKED_SCRIPT = r"""
@@ -366,7 +366,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def blocked_on_tinkers_client():
     proc = subprocess.run(
-        [sys.executable, "-c", BLOCKED_SCRIPT, str(BENCH)], capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", BLOCKED_SCRIPT, str(SUPPORT)], capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.splitlines()[-1])
