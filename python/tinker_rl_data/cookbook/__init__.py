@@ -82,6 +82,10 @@ def install(*, strict: bool | None = None, **options: Any) -> Report:
     warning. ``TINKER_RL_DATA_SKIP`` leaves features or pieces out;
     ``TINKER_RL_DATA_DISABLE=1`` makes it a no-op (:mod:`tinker_rl_data.switches`).
     Calling it again is harmless; :func:`uninstall` undoes it.
+
+    The keywords (keyword-only) come from the features' declarations
+    (:mod:`.features`): one per feature with a switch, then the options
+    they read; an unknown one raises TypeError.
     """
     chosen = features.chosen(options)
     declared = [f for f in features.declared() if f.name in chosen]
