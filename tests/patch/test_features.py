@@ -289,3 +289,21 @@ def test_a_kl_probe_in_a_running_loop_keeps_what_was_raised(monkeypatch):
     assert "ConnectionError" in left["compute_post_kl"], left
     assert all(e.state != IN for e in report.entries.values() if "kl_penalty" in e.title or e.title == "compute_post_kl")
     assert tinker_rl_data.status().installed == []
+
+
+def test_a_warning_points_at_the_line_that_called_install(monkeypatch):
+    # (transaction.install is split by phase: its warnings still name the caller's line)
+    from tinker_rl_data import cookbook
+    from tinker_rl_data.cookbook import data_processing
+
+    def failing(original, ours):
+        check(False, "made to fail")
+
+    feature = data_processing.FEATURE
+    monkeypatch.setattr(data_processing, "FEATURE", dataclasses.replace(feature, pieces=(dataclasses.replace(feature.pieces[0], probe=failing),)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cookbook.install(kl=False, gc=False)
+    cookbook.uninstall()
+    ours = [w for w in caught if issubclass(w.category, tinker_rl_data.InstallWarning)]
+    assert [Path(w.filename).name for w in ours] == [Path(__file__).name], [(w.filename, str(w.message)) for w in ours]

@@ -12,12 +12,12 @@ feature) is adapted by one line::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from .piece import Piece
 
-__all__ = ["Feature", "InstallCall", "Option", "selected"]
+__all__ = ["Feature", "InstallCall", "Option", "WorkerStart", "selected"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,17 @@ class InstallCall:
 
 
 @dataclass(frozen=True)
+class WorkerStart:
+    """A rollout worker's install, as its ``worker`` hooks see it:
+    ``inherited``: the process had the pieces already (a copy of the
+    driver's process, or the driver's own); ``driver``: it is the
+    driver's own process."""
+
+    inherited: bool
+    driver: bool
+
+
+@dataclass(frozen=True)
 class Feature:
     """One feature of the package.
 
@@ -63,9 +74,10 @@ class Feature:
     option values, before the transaction when it is selected;
     ``installed(call)`` after install() (:class:`InstallCall`);
     ``uninstalled()`` after ``cookbook.uninstall()``; ``status()``: lines
-    the report adds while some piece of it is installed; ``worker()``: what
-    a rollout worker does with it after installing there (returns a
-    callable run at the end of each rollout, or None).
+    the report adds while some piece of it is installed; ``worker(start)``:
+    what a rollout worker does with it once installed there
+    (:class:`WorkerStart`), returning what to run at the end of each
+    rollout, or None.
     """
 
     name: str
@@ -78,7 +90,7 @@ class Feature:
     installed: Callable[[InstallCall], None] | None = None
     uninstalled: Callable[[], None] | None = None
     status: Callable[[], list[str]] | None = None
-    worker: Callable[[], Callable[[], None] | None] | None = field(default=None, repr=False)
+    worker: Callable[[WorkerStart], Callable[[], None] | None] | None = None
 
     def __post_init__(self) -> None:
         other = [p.where for p in self.pieces if p.feature != self.name]

@@ -226,8 +226,10 @@ def _is_ours(value: Any) -> bool:
 # The transaction, by phase
 
 
-def _warn(message: str) -> None:
-    warnings.warn(message, InstallWarning, stacklevel=4)
+def _warn(message: str, stacklevel: int = 4) -> None:
+    """An InstallWarning pointing at the line that called install() (4:
+    from transaction.install, called by cookbook.install or tinker.install)."""
+    warnings.warn(message, InstallWarning, stacklevel=stacklevel)
 
 
 @dataclass
@@ -325,10 +327,11 @@ def _tell(plans: list[_Plan], failed: list[tuple[str, str]], report: Report) -> 
         if found not in TESTED_VERSIONS[package]:
             _warn(
                 f"tinker_rl_data: {DISTRIBUTIONS[package]} {found} is not a version the tests ran against "
-                f"({', '.join(TESTED_VERSIONS[package])}); its pieces passed their probes and are installed"
+                f"({', '.join(TESTED_VERSIONS[package])}); its pieces passed their probes and are installed",
+                stacklevel=5,
             )
     for title, why in failed:
-        _warn(f"tinker_rl_data: {title} not installed: {why}")
+        _warn(f"tinker_rl_data: {title} not installed: {why}", stacklevel=5)
     if report.fast_construction is False:
         logger.info("tinker_rl_data: Datums go through tinker's public constructors (slower): %s", report.construction)
     logger.info(
@@ -339,6 +342,21 @@ def _tell(plans: list[_Plan], failed: list[tuple[str, str]], report: Report) -> 
     )
 
 
+def _disabled(report: Report) -> Report:
+    report.disabled = True
+    report.versions = {package: _version(package) for package in TESTED_VERSIONS}
+    return report
+
+
+def _decided(catalog: Sequence[Feature], chosen: Iterable[str], report: Report) -> tuple[_Choice, list[_Plan]]:
+    """The phases before anything is replaced: the runtime, the pieces
+    chosen, and a plan for each that goes in."""
+    _runtime(report)
+    choice = _select(catalog, set(chosen), report)
+    _drop_missing_packages(choice, report)
+    return choice, _decide(choice, report)
+
+
 def install(catalog: Sequence[Feature], chosen: Iterable[str], *, owner: str, strict: bool | None = None) -> Report:
     """Install every piece of the features of ``catalog`` named in ``chosen``
     (less ``TINKER_RL_DATA_SKIP``) that its probe accepts; return the report
@@ -346,14 +364,9 @@ def install(catalog: Sequence[Feature], chosen: Iterable[str], *, owner: str, st
     strict = switches.strict(strict)
     report = Report()
     if switches.disabled():
-        report.disabled = True
-        report.versions = {package: _version(package) for package in TESTED_VERSIONS}
         logger.info("tinker_rl_data: TINKER_RL_DATA_DISABLE=1, nothing installed")
-        return report
-    _runtime(report)
-    choice = _select(catalog, set(chosen), report)
-    _drop_missing_packages(choice, report)
-    plans = _decide(choice, report)
+        return _disabled(report)
+    choice, plans = _decided(catalog, chosen, report)
     failed = [(e.title, e.why) for e in report.entries.values() if e.state == OUT]
     if strict and failed:
         raise InstallError("tinker_rl_data: nothing installed (strict):\n" + "\n".join(f"  {t}: {w}" for t, w in failed))
@@ -378,13 +391,9 @@ def probe(catalog: Sequence[Feature], chosen: Iterable[str]) -> Report:
     the sites they would replace."""
     report = Report()
     if switches.disabled():
-        report.disabled = True
-        report.versions = {package: _version(package) for package in TESTED_VERSIONS}
-        return report
-    _runtime(report)
-    choice = _select(catalog, set(chosen), report)
-    _drop_missing_packages(choice, report)
-    for plan in _decide(choice, report):
+        return _disabled(report)
+    _, plans = _decided(catalog, chosen, report)
+    for plan in plans:
         report.entries[plan.piece.where].sites = [_site_name(holder, attr) for holder, attr in plan.sites]
     return report
 
