@@ -3,8 +3,9 @@ Everything else is derived from their declarations (each module's
 ``FEATURE``, :class:`~tinker_rl_data.patch.feature.Feature`): install()'s
 options and what they select (:func:`chosen`), the launcher's flags, the
 report's lines, ``status()``, and the tables of pieces and switches in the
-docs (:func:`piece_table`, :func:`switch_table`; a test keeps the docs
-equal to them: tests/patch/test_features.py). A new feature is a new module and one line here.
+docs (:func:`piece_table`, :func:`switch_table`; tests/patch/test_features.py
+keeps the docs equal to them). A new feature is a new module ending with
+its ``FEATURE``, and its entry in :data:`MODULES` (with its import) here.
 
 It sits in ``cookbook`` because ``cookbook.install()`` installs them all
 (``tinker_rl_data.install()``: the request bytes alone)."""

@@ -77,7 +77,8 @@ class Feature:
     the report adds while some piece of it is installed; ``worker(start)``:
     what a rollout worker does with it once installed there
     (:class:`WorkerStart`), returning what to run at the end of each
-    rollout, or None.
+    rollout, or None (not called yet: ``workers._set_up`` still starts
+    gc's collector itself).
     """
 
     name: str
