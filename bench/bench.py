@@ -443,7 +443,7 @@ def wire_section(repeats) -> list[str]:
     """Request bytes: tinker_rl_data.encode_forward_backward against tinker's encoder (bench/wire.py)."""
     try:
         import wire
-    except ImportError as exc:  # a build without tinker_rl_data.wire
+    except ImportError as exc:  # a build without tinker_rl_data.encode_forward_backward
         return [f"## Request bytes\n\n{NA}: {exc}"]
     log = lambda s: print(s, flush=True)  # noqa: E731
     encoding = [row for name in WORKLOADS for row in wire.encoding_rows(name, repeats, log)]

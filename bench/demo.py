@@ -2,7 +2,7 @@
 metrics, timed against the module it replaces (an evsys-style plain-Python
 port) and, when installed, tinker-cookbook; then end to end, up to the bytes
 of a forward_backward request, with list and numpy model input, encoded by
-tinker_rl_data.wire and, beside it, by tinker's own encoder. The contract's
+tinker_rl_data.encode_forward_backward and, beside it, by tinker's own encoder. The contract's
 reference (plain Python that checks every value) is a labelled last line.
 
     python bench/demo.py [workload]        (default: single_turn_long)

@@ -3,7 +3,7 @@
 Each path runs what a training step runs between scored rollouts and the
 bytes of a forward_backward request: compute_advantages, then
 assemble_training_data, then the encoder `AsyncTrainingResource.forward_backward`
-runs: for tinker_rl_data's paths ours (`tinker_rl_data.wire`, what
+runs: for tinker_rl_data's paths ours (`tinker_rl_data.encode_forward_backward`, what
 `tinker_rl_data.install()` and `tinker_rl_data.cookbook.install()` make
 tinker use) when the build has it, for the others tinker's own
 (`tinker.proto.request_conv.forward_backward_request_to_proto` +
@@ -114,7 +114,7 @@ def encode(datums, deterministic: bool = False) -> bytes:
 
 
 try:
-    from tinker_rl_data.wire import encode_forward_backward
+    from tinker_rl_data import encode_forward_backward
 except ImportError:  # a build without the encoder
     encode_forward_backward = None
 
@@ -350,7 +350,7 @@ def markdown(result: dict) -> str:
         "## End to end: rollouts to request bytes",
         "",
         "compute_advantages + assemble_training_data + the request encoding every `forward_backward` call runs:",
-        "ours (`tinker_rl_data.wire`, as after `tinker_rl_data.install()`) on tinker_rl_data's paths, tinker's",
+        "ours (`tinker_rl_data.encode_forward_backward`, as after `tinker_rl_data.install()`) on tinker_rl_data's paths, tinker's",
         "`forward_backward_request_to_proto(...).SerializeToString()` on the others (\"encoder\"); tinker's is also",
         "timed on every path's Datums, its total beside.",
         f"Median of {result['repeats']} runs after a warm-up, GC enabled. ns / position",

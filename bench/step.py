@@ -12,7 +12,7 @@ path measures both variants; install()/uninstall() switches between them):
   remove mask          [rl.train._remove_mask(d) for d in data]
   request encoding     ForwardBackwardRequest + tinker's forward_backward_request_to_proto(...)
                        .SerializeToString(), as tinker's forward_backward runs it; in the
-                       installed variant tinker_rl_data.wire.encode_forward_backward, when
+                       installed variant tinker_rl_data.encode_forward_backward, when
                        this build has it
   response decode      tinker's deserialize_forward_backward_output of a response with one
                        float32 logprob per position, + rl.train._training_logprobs_from_fwd_bwd
@@ -63,9 +63,9 @@ TARGETS = {"single_turn_long": 25.0, "multi_turn_agent": 20.0, "many_short": 8.0
 
 
 def wire_encoder():
-    """tinker_rl_data.wire.encode_forward_backward, when this build has it."""
+    """tinker_rl_data.encode_forward_backward, when this build has it."""
     try:
-        return importlib.import_module("tinker_rl_data.wire").encode_forward_backward
+        return importlib.import_module("tinker_rl_data").encode_forward_backward
     except (ImportError, AttributeError):
         return None
 
@@ -223,7 +223,7 @@ def measure(name: str, repeats: int, log=print) -> dict:
 
 def fmt(result: dict) -> str:
     step = result["step"]
-    enc = "tinker_rl_data.wire" if result["wire"] else "tinker's encoder (no tinker_rl_data.wire in this build)"
+    enc = "tinker_rl_data.encode_forward_backward" if result["wire"] else "tinker's encoder (no tinker_rl_data.encode_forward_backward in this build)"
     lines = [
         f"### {result['workload']}",
         "",

@@ -1,4 +1,4 @@
-"""Request bytes (contract §10): tinker_rl_data.wire.encode_forward_backward
+"""Request bytes (contract §10): tinker_rl_data.encode_forward_backward
 against tinker's own encoder, on the workloads of bench/workloads.py.
 
 1. Encoding: one forward_backward request holding a workload's Datums,
@@ -47,7 +47,7 @@ from tinker.types import ForwardBackwardInput, ForwardBackwardRequest  # noqa: E
 
 import tinker_rl_data as trd  # noqa: E402
 from tinker_rl_data import cookbook  # noqa: E402
-from tinker_rl_data.wire import encode_forward_backward  # noqa: E402
+from tinker_rl_data import encode_forward_backward  # noqa: E402
 from workloads import WORKLOADS, positions  # noqa: E402
 
 
@@ -249,12 +249,12 @@ def loop_rows(name: str, repeats: int, log) -> list[dict]:
 
 def markdown(encoding: list[dict], pipeline: list[dict], repeats: int, loop: list[dict] | None = None) -> str:
     lines = [
-        "## Request bytes: tinker_rl_data.wire against tinker's encoder",
+        "## Request bytes: tinker_rl_data.encode_forward_backward against tinker's encoder",
         "",
         f"One forward_backward request of the workload's Datums; median of {repeats} runs, the two encoders",
         "in turn, each timed run after an untimed run of the same encoder (its own memory state), GC enabled.",
         "tinker: `forward_backward_request_to_proto(request).SerializeToString()`; ours:",
-        "`tinker_rl_data.wire.encode_forward_backward(request)`, whose bytes equal tinker's",
+        "`tinker_rl_data.encode_forward_backward(request)`, whose bytes equal tinker's",
         "`SerializeToString(deterministic=True)` (checked in the same run). \"Right after tinker's\": ours",
         "timed right after a run of tinker's encoder, whose freed memory leaves our output's pages to be",
         "faulted in afresh (and the page faults of one such run).",

@@ -14,10 +14,11 @@ A drop-in for ``evsys_sdk.training.data_processing``::
     from tinker_rl_data import assemble_training_data, compute_advantages
 
 Layout: ``evsys/`` (that front door), ``cookbook/`` (the cookbook's data
-processing, step metrics, KL passes, GC held to the step), ``tinker/``
-(request bytes, coalesced sampling), ``rows`` (Datums for both front
-doors), ``patch/`` (pieces, install transaction, report, launcher),
-``switches`` (every option and environment variable), ``errors``.
+processing, step metrics, KL passes, GC held to the step, rollout workers;
+``cookbook.features``, the list of every feature), ``tinker/`` (request
+bytes, coalesced sampling), ``rows`` (Datums for both front doors),
+``patch/`` (features' declarations, pieces, install transaction, report,
+launcher), ``switches`` (every environment variable), ``errors``.
 The contract is in the README, ``docs/contract.md`` and the docstrings.
 """
 

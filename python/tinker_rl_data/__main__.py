@@ -1,7 +1,24 @@
-"""``python -m tinker_rl_data run ...``: see :mod:`tinker_rl_data.patch.launch`."""
+"""``python -m tinker_rl_data run ...`` / ``check``, and the ``tinker-rl-data``
+console script: the launcher (:mod:`tinker_rl_data.patch.launch`) handed
+the package's features and ``cookbook.install``."""
+
+from __future__ import annotations
 
 import sys
 
-from .patch.launch import main
+from . import cookbook
+from .cookbook import features
+from .patch import launch
 
-sys.exit(main())
+
+def main(argv: list[str] | None = None) -> int:
+    return launch.main(argv, features.declared(), cookbook.install)
+
+
+def console() -> None:
+    """The ``tinker-rl-data`` console script."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    console()

@@ -1,67 +1,72 @@
-"""Every switch of the package in one place: the environment variables and
-install()'s options. The README's table is this one.
-
-Environment variables (read when install() runs, except where said):
-
-==============================  =========  ===============================================
-name                            default    what it does
-==============================  =========  ===============================================
-``TINKER_RL_DATA_DISABLE``      unset      ``1``: install() installs nothing and says so
-``TINKER_RL_DATA_STRICT``       unset      ``1``: as ``strict=True``: a piece that cannot
-                                           go in raises InstallError, nothing installed
-``TINKER_RL_DATA_SKIP``         empty      comma-separated features (``wire``, ``data``,
-                                           ``step``, ``kl``, ``gc``, ``coalesce``,
-                                           ``workers``) or piece
-                                           names (``compute_post_kl``, ``model_dump``)
-                                           left out, as if not asked for
-``TINKER_RL_DATA_GC_HEADROOM``  ``0.15``   the GC guard's bound: collect early once RSS
-                                           passes the step's start by this fraction
-                                           (``10%``; ``off``: no RSS bound), read when
-                                           a training loop starts
-``TINKER_RL_DATA_HUGEPAGES``    ``1``      ``0``: no huge-page advice on large fresh
-                                           outputs (read by the core per call)
-``TINKER_RL_DATA_INT_READ``     fast       ``api``: exact ints read through CPython's C API
-                                           instead of in place (read once, at import)
-==============================  =========  ===============================================
-
-install() options (``tinker_rl_data.cookbook.install``; ``tinker_rl_data.install``
-takes ``strict`` and installs ``wire`` alone):
-
-============  =========  =====================================================
-option        default    what it selects
-============  =========  =====================================================
-``wire``      on         tinker's forward_backward and sample request bytes
-(always)      on         the cookbook's data processing (``data``), the rest
-                         of its RL step (``step``), and the same install in
-                         a rollout executor's workers (``workers``)
-``kl``        on         the KL penalty and distillation passes
-``gc``        on         Python's cyclic collector held to the trainer's step
-``gc_headroom`` 0.15     its memory guard (``TINKER_RL_DATA_GC_HEADROOM``)
-``coalesce``  off        concurrent identical single-sample calls as one request
-``strict``    off        raise instead of warn (see ``TINKER_RL_DATA_STRICT``)
-============  =========  =====================================================
+"""Every environment variable of the package, read here and nowhere else on
+the Python side (:data:`VARIABLES`; the native core reads the two marked
+"the core" itself, where documented in ``rust/``). install()'s options and
+the launcher's flags come from the features' declarations
+(:mod:`tinker_rl_data.cookbook.features`, which also renders the switches table).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
+from dataclasses import dataclass
 
-__all__ = ["FEATURES", "disabled", "skipped", "strict"]
+__all__ = [
+    "GC_HEADROOM",
+    "PREFIX",
+    "VARIABLES",
+    "Variable",
+    "disabled",
+    "gc_headroom",
+    "ours",
+    "skipped",
+    "strict",
+    "variable",
+]
 
-#: The features a piece belongs to, in the order the report lists them, with
-#: what each is, for the report.
-FEATURES: dict[str, str] = {
-    "wire": "tinker's request bytes",
-    "data": "cookbook data processing",
-    "step": "cookbook step metrics and usage",
-    "kl": "cookbook KL penalty passes",
-    "gc": "GC held to the trainer's step",
-    "coalesce": "coalesced sampling",
-    "workers": "the same install in rollout workers",
-}
+PREFIX = "TINKER_RL_DATA_"
 
-#: Features install() selects unless told otherwise (``coalesce`` is opt-in).
-DEFAULT_FEATURES = frozenset({"wire", "data", "step", "kl", "gc", "workers"})
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: its switch-table row, and who reads it."""
+
+    name: str
+    default: str
+    description: str
+    example: str
+    read_by: str = "switches"
+
+
+DISABLE = PREFIX + "DISABLE"
+STRICT = PREFIX + "STRICT"
+SKIP = PREFIX + "SKIP"
+GC_HEADROOM = PREFIX + "GC_HEADROOM"
+HUGEPAGES = PREFIX + "HUGEPAGES"
+INT_READ = PREFIX + "INT_READ"
+
+#: Every variable, in the switches table's order.
+VARIABLES = (
+    Variable(STRICT, "off", "a piece that cannot go in raises `InstallError`; nothing installed", "1"),
+    Variable(SKIP, "empty", "leaves out features or pieces by name", "gc,_remove_mask"),
+    Variable(DISABLE, "unset", "`install()` installs nothing and says so (to bisect a difference)", "1"),
+    Variable(
+        GC_HEADROOM,
+        "0.15",
+        "the GC guard collects early once RSS passes the step's start by this fraction (`off`: no bound)",
+        "0.1",
+    ),
+    Variable(HUGEPAGES, "on", "no huge-page advice on fresh outputs of 4 MiB and more", "0", read_by="the core, per call"),
+    Variable(
+        INT_READ, "in place", "exact ints read through CPython's C API (read at import)", "api", read_by="the core, at import"
+    ),
+)
+
+
+def variable(name: str) -> Variable:
+    """The :class:`Variable` called ``name``."""
+    (found,) = [v for v in VARIABLES if v.name == name]
+    return found
 
 
 def _flag(name: str) -> bool:
@@ -70,14 +75,38 @@ def _flag(name: str) -> bool:
 
 def disabled() -> bool:
     """``TINKER_RL_DATA_DISABLE=1``."""
-    return _flag("TINKER_RL_DATA_DISABLE")
+    return _flag(DISABLE)
 
 
 def strict(argument: bool | None) -> bool:
     """install()'s ``strict`` argument, or ``TINKER_RL_DATA_STRICT=1`` when it is None."""
-    return argument if argument is not None else _flag("TINKER_RL_DATA_STRICT")
+    return argument if argument is not None else _flag(STRICT)
 
 
 def skipped() -> frozenset[str]:
     """The features and piece names in ``TINKER_RL_DATA_SKIP``."""
-    return frozenset(part.strip() for part in os.environ.get("TINKER_RL_DATA_SKIP", "").split(",") if part.strip())
+    return frozenset(part.strip() for part in os.environ.get(SKIP, "").split(",") if part.strip())
+
+
+def gc_headroom(default: float | None) -> float | None:
+    """``TINKER_RL_DATA_GC_HEADROOM`` as a fraction (``0.15`` or ``15%``;
+    ``off``, ``none`` or ``0``: None); ``default`` when unset, or with a
+    warning when not a number >= 0 (a typo does not stop a training run)."""
+    raw = os.environ.get(GC_HEADROOM, "").strip()
+    if not raw:
+        return default
+    if raw.lower() in ("off", "none"):
+        return None
+    try:
+        value = float(raw.removesuffix("%")) / (100 if raw.endswith("%") else 1)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        warnings.warn(f"{GC_HEADROOM}={raw!r} is not a fraction >= 0 (e.g. 0.15) or off: {default} used", stacklevel=3)
+        return default
+    return value or None
+
+
+def ours() -> dict[str, str]:
+    """The package's variables set in this process (what a rollout worker is handed)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(PREFIX)}

@@ -11,6 +11,7 @@ import gc
 import itertools
 import types
 import weakref
+from typing import Any, Callable
 
 import pytest
 
@@ -79,6 +80,20 @@ def fake_train_module(collector: StepCollector, steps: int, fail_at: int | None 
     return module, seen
 
 
+def held(collector: StepCollector, module: Any) -> Callable[[], None]:
+    """``module``'s loop and step functions wrapped by ``collector``, as
+    install() wraps the cookbook's; returns what puts them back."""
+    originals = dict(vars(module))
+    for _, name, make in collector.pieces():
+        setattr(module, name, make(originals[name]))
+
+    def undo() -> None:
+        vars(module).update(originals)
+        collector.restore()
+
+    return undo
+
+
 def test_pieces_name_every_boundary():
     collector = StepCollector()
     names = {(module, name) for module, name, _ in collector.pieces()}
@@ -92,7 +107,7 @@ def test_policy_while_the_loop_runs(loop_name):
     collector = StepCollector(young=12_345)
     module, seen = fake_train_module(collector, steps=3)
     gc.set_threshold(700, 10, 10)
-    undo = _gc_step.apply(collector, module)
+    undo = held(collector, module)
     assert getattr(module, loop_name).__wrapped__ is not None
     asyncio.run(getattr(module, loop_name)())
     undo()
@@ -112,7 +127,7 @@ _default_thresholds = gc.get_threshold()
 def test_state_put_back_after_an_exception():
     collector = StepCollector()
     module, seen = fake_train_module(collector, steps=3, fail_at=1)
-    undo = _gc_step.apply(collector, module)
+    undo = held(collector, module)
     with pytest.raises(RuntimeError, match="step failed"):
         asyncio.run(module.do_sync_training())
     assert not collector.active
@@ -123,7 +138,7 @@ def test_state_put_back_after_an_exception():
 def test_restore_inside_the_loop_and_uninstall():
     collector = StepCollector()
     module, seen = fake_train_module(collector, steps=2)
-    undo = _gc_step.apply(collector, module)
+    undo = held(collector, module)
     wrapped_step = module.do_train_step_and_get_sampling_client
 
     async def restoring_step(i):
@@ -144,7 +159,7 @@ def test_restore_inside_the_loop_and_uninstall():
 def test_a_disabled_collector_is_left_alone():
     collector = StepCollector()
     module, seen = fake_train_module(collector, steps=2)
-    undo = _gc_step.apply(collector, module)
+    undo = held(collector, module)
     gc.disable()
     try:
         asyncio.run(module.do_sync_training())
@@ -160,7 +175,7 @@ def test_the_user_s_frozen_objects_stay_frozen():
     frozen = gc.get_freeze_count()
     collector = StepCollector()
     module, seen = fake_train_module(collector, steps=1)
-    undo = _gc_step.apply(collector, module)
+    undo = held(collector, module)
     asyncio.run(module.do_sync_training())
     undo()
     assert gc.get_freeze_count() == frozen and collector.stats.froze == 0

@@ -182,16 +182,17 @@ WORKER = textwrap.dedent(
     from tinker_rl_data import errors as _patch
     from tinker_rl_data.cookbook import data_processing, workers as _workers
     from tinker_rl_data.errors import ProbeFailed
-    from tinker_rl_data.patch import registry
 
     def failing(original, ours):
         raise ProbeFailed("made to fail")
 
-    data_processing.PIECES = tuple(
-        dataclasses.replace(p, probe=failing) if p.name == "remove_constant_reward_groups" else p
-        for p in data_processing.PIECES
+    data_processing.FEATURE = dataclasses.replace(
+        data_processing.FEATURE,
+        pieces=tuple(
+            dataclasses.replace(p, probe=failing) if p.name == "remove_constant_reward_groups" else p
+            for p in data_processing.FEATURE.pieces
+        ),
     )
-    registry.pieces.cache_clear()
     settings = _workers.Settings(("data", "gc", "step", "wire"), sys.argv[1] == "strict", (), ("another-host", 1))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

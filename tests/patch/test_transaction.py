@@ -36,7 +36,8 @@ from tinker.resources import training
 import tinker_rl_data
 from tinker_rl_data import InstallError, InstallWarning
 from tinker_rl_data import cookbook as ours
-from tinker_rl_data.patch import registry, transaction
+from tinker_rl_data.cookbook import features
+from tinker_rl_data.patch import transaction
 from tinker_rl_data.patch.report import TESTED_VERSIONS
 
 # (title, module, name, feature) of every piece the tested pairs take by
@@ -89,8 +90,8 @@ _SIGNAL = [("asyncio.run, no repr of its result (signal._int_to_enum)", "signal"
 _WORKERS = [("rollout workers install too", _RL + "rollouts", "_run_rollout_sync", "workers")]
 _WORKERS += _SIGNAL if signal_reprs_handlers() else []
 EXPECTED = {
-    "0.6.1": [*_WIRE, *_DATA, *_STEP_BOTH, *_STEP_0_6, *_KL_0_6, *_WORKERS, *_GC],
-    "0.5.8": [*_WIRE, *_DATA, *_STEP_BOTH, *_WORKERS, *_GC],
+    "0.6.1": [*_WIRE, *_DATA, *_STEP_BOTH, *_STEP_0_6, *_KL_0_6, *_GC, *_WORKERS],
+    "0.5.8": [*_WIRE, *_DATA, *_STEP_BOTH, *_GC, *_WORKERS],
 }
 PRESENT = EXPECTED.get(tinker_cookbook.__version__, EXPECTED["0.6.1"])
 PRESENT_TITLES = [title for title, *_ in PRESENT]
@@ -127,8 +128,9 @@ def namespaces() -> dict[str, dict[str, int]]:
 def clean():
     """Nothing installed before; after the test, uninstall() gives back
     exactly the namespaces found before."""
-    for piece in registry.pieces():
-        importlib.import_module(piece.module)
+    for feature in features.declared():
+        for piece in feature.pieces:
+            importlib.import_module(piece.module)
     assert not transaction.installed()
     before = namespaces()
     yield
@@ -426,13 +428,7 @@ def test_the_cookbooks_own_error_cases_raise_its_class():
 
 
 # --------------------------------------------------------------------------
-# The registry is the one list; the launcher
-
-
-def test_the_readme_lists_exactly_the_registry():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    listed = re.findall(r"^\| `([\w.]+)` \| `([\w.]+)` \|", readme, flags=re.M)
-    assert listed == [(p.module, p.name) for p in registry.pieces()]
+# The launcher (the docs' tables: test_features.py)
 
 
 def test_the_launcher_installs_then_runs_a_module_with_its_arguments(tmp_path):
@@ -453,7 +449,7 @@ def test_the_launcher_installs_then_runs_a_module_with_its_arguments(tmp_path):
     console = Path(sys.executable).parent / "tinker-rl-data"
     if not console.exists() and os.environ.get("CI"):
         pytest.fail(f"the console script is not installed beside {sys.executable}")
-    launchers = [[sys.executable, "-m", "tinker_rl_data"], [sys.executable, "-m", "tinker_rl_data.cookbook"]]
+    launchers = [[sys.executable, "-m", "tinker_rl_data"]]
     launchers += [[str(console)]] if console.exists() else []
     for launcher in launchers:
         done = subprocess.run([*launcher, "run", *args], env=env, capture_output=True, text=True, cwd=tmp_path)

@@ -1,4 +1,4 @@
-"""tinker_rl_data.wire (contract §10): the request bytes against tinker's
+"""tinker_rl_data.tinker.forward_backward (contract §10): the request bytes against tinker's
 own encoder, `forward_backward_request_to_proto(request)` with
 `forward_only` set, serialized deterministically (its default bytes order
 map entries by hash, so differ between processes) and parsed back."""
@@ -30,7 +30,8 @@ from conftest import groups
 import tinker_rl_data
 import tinker_rl_data.tinker as wire
 from tinker_rl_data import cookbook
-from tinker_rl_data.patch import registry, transaction
+from tinker_rl_data.patch import transaction
+from tinker_rl_data.tinker import request_bytes
 from tinker_rl_data.patch.report import TESTED_VERSIONS
 from tinker_rl_data import encode_forward_backward
 
@@ -584,7 +585,7 @@ def test_an_untested_tinker_installs_with_one_warning(monkeypatch):
     with pytest.warns(tinker_rl_data.InstallWarning, match=r"tinker 0\.99\.0 is not a version the tests ran against") as caught:
         report = tinker_rl_data.install()
     tinker_rl_data.uninstall()
-    wire_pieces = [p.title for p in registry.pieces() if p.feature == "wire"]
+    wire_pieces = [p.title for p in request_bytes.FEATURE.pieces]
     assert len(caught) == 1 and [title for title, _ in report.installed] == wire_pieces
 
 
@@ -621,8 +622,8 @@ def test_cookbook_install_without_tinker_cookbook_installs_the_encoder_and_says_
 import sys, warnings
 sys.modules["tinker_cookbook"] = None
 import tinker_rl_data.cookbook as c
-from tinker_rl_data.patch.registry import pieces
-n = sum(p.requires == "tinker_cookbook" and p.feature in ("data", "step", "gc", "kl", "workers") for p in pieces())  # the defaults
+from tinker_rl_data.cookbook.features import declared
+n = sum(p.requires == "tinker_cookbook" for f in declared() if f.default for p in f.pieces)  # the defaults
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     report = c.install()

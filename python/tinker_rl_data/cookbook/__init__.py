@@ -10,10 +10,13 @@ and distillation passes), :mod:`.gc_step` (the collector held to the step),
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from ..patch import transaction
+from ..patch.feature import InstallCall
 from ..patch.report import Report
+from . import features
 from .data_processing import assemble_training_data as assemble_training_data
 from .data_processing import compute_advantages as compute_advantages
 from .data_processing import remove_constant_reward_groups as remove_constant_reward_groups
@@ -39,15 +42,7 @@ __all__ = [
 ]
 
 
-def install(
-    *,
-    wire: bool = True,
-    kl: bool = True,
-    gc: bool = True,
-    gc_headroom: float | None = None,
-    coalesce: bool = False,
-    strict: bool | None = None,
-) -> Report:
+def install(*, strict: bool | None = None, **options: Any) -> Report:
     """Put tinker_rl_data into tinker-cookbook and tinker; returns the report
     (``print()`` it; :func:`tinker_rl_data.status` gives the same later).
 
@@ -87,19 +82,32 @@ def install(
     warning. ``TINKER_RL_DATA_SKIP`` leaves features or pieces out;
     ``TINKER_RL_DATA_DISABLE=1`` makes it a no-op (:mod:`tinker_rl_data.switches`).
     Calling it again is harmless; :func:`uninstall` undoes it.
+
+    The keywords (keyword-only) come from the features' declarations
+    (:mod:`.features`): one per feature with a switch, then the options
+    they read; an unknown one raises TypeError.
     """
-    if gc and gc_headroom is not None:
-        from . import gc_step
-
-        if not gc_step.COLLECTOR.active:
-            gc_step.configure(headroom=gc_headroom)
-    asked = {"wire": wire, "kl": kl, "gc": gc, "coalesce": coalesce}
-    features = {"data", "step", "workers"} | {name for name, on in asked.items() if on}
-    report = transaction.install(features, owner=__name__, strict=strict)
-    from . import workers
-
-    workers.follow(features, strict, gc_headroom if gc else None)
+    chosen = features.chosen(options)
+    declared = [f for f in features.declared() if f.name in chosen]
+    values = {**features.options(), **options}
+    call = InstallCall(chosen, {o.name: values[o.name] for f in declared for o in f.options}, strict, features.__name__)
+    for feature in declared:
+        if feature.configure is not None:
+            feature.configure(call.options)
+    report = transaction.install(features.declared(), chosen, owner=__name__, strict=strict)
+    for feature in declared:
+        if feature.installed is not None:
+            feature.installed(call)
     return report
+
+
+install.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [
+        *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=value) for name, value in features.options().items()),
+        inspect.Parameter("strict", inspect.Parameter.KEYWORD_ONLY, default=None),
+    ],
+    return_annotation=Report,
+)
 
 
 def uninstall() -> None:
@@ -107,9 +115,9 @@ def uninstall() -> None:
     before by :func:`tinker_rl_data.install` stays. Harmless when not
     installed."""
     transaction.uninstall(owner=__name__)
-    from . import workers
-
-    workers.stop()
+    for feature in features.declared():
+        if feature.uninstalled is not None:
+            feature.uninstalled()
 
 
 def __getattr__(name: str) -> Any:

@@ -37,6 +37,7 @@ import logging
 import sys
 from typing import Any, Callable, Iterable, Sequence
 
+from ..patch.feature import Feature
 from ..patch.piece import Piece, check, outcome, same_outcome
 from .probe_inputs import CookbookBatches, assembly_args, datum_bytes
 
@@ -378,3 +379,5 @@ PIECES = (
     _piece("trajectory_to_data", trajectory_to_data, probe_trajectory_to_data),
     _piece("remove_constant_reward_groups", remove_constant_reward_groups, probe_remove_constant_reward_groups),
 )
+
+FEATURE = Feature("data", "cookbook data processing", PIECES, switch=False)

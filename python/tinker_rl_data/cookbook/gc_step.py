@@ -76,11 +76,12 @@ import os
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import switches
+from ..patch.feature import Feature, Option
 from ..patch.piece import Piece, ProbeFailed
 
 TRAIN_MODULE = "tinker_cookbook.rl.train"
@@ -99,7 +100,7 @@ _INTERPRETER_FROZEN = 4096 if sys.version_info[:2] == (3, 12) else 0
 
 #: The environment variable for the guard's headroom (a fraction of RSS;
 #: ``off`` for none), read when a loop starts if no headroom was given.
-HEADROOM_ENV = "TINKER_RL_DATA_GC_HEADROOM"
+HEADROOM_ENV = switches.GC_HEADROOM
 DEFAULT_HEADROOM = 0.15
 DEFAULT_MIN_HEADROOM = 32 * 2**20
 # After an early collection, the allowance is also at least this fraction of
@@ -120,22 +121,8 @@ _IN_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar("tinker_rl_data_
 
 
 def headroom_from_env(default: float | None = DEFAULT_HEADROOM) -> float | None:
-    """:data:`HEADROOM_ENV` as a fraction (``0.15`` or ``15%``; ``off``,
-    ``none`` or ``0``: None); ``default`` when unset, or with a warning when
-    not a number >= 0 (a typo does not stop a training run)."""
-    raw = os.environ.get(HEADROOM_ENV, "").strip()
-    if not raw:
-        return default
-    if raw.lower() in ("off", "none"):
-        return None
-    try:
-        value = float(raw.removesuffix("%")) / (100 if raw.endswith("%") else 1)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        warnings.warn(f"{HEADROOM_ENV}={raw!r} is not a fraction >= 0 (e.g. 0.15) or off: {default} used", stacklevel=2)
-        return default
-    return value or None
+    """:data:`HEADROOM_ENV` as a fraction (:func:`tinker_rl_data.switches.gc_headroom`)."""
+    return switches.gc_headroom(default)
 
 
 def program_froze() -> bool:
@@ -488,31 +475,6 @@ def _survivors() -> int:
     return len(gc.get_objects(generation=1))
 
 
-def apply(collector: StepCollector, module: Any | None = None) -> Callable[[], None]:
-    """Wrap ``rl.train``'s loop and step functions in ``module`` (for
-    benchmarks and tests; ``cookbook.install(gc=...)`` is the supported way).
-    Returns a function that puts the originals back and restores the
-    collector."""
-    if module is None:
-        import importlib
-
-        module = importlib.import_module(TRAIN_MODULE)
-    originals = {}
-    for _, name, make in collector.pieces():
-        original = getattr(module, name, None)
-        if original is not None:
-            originals[name] = original
-            setattr(module, name, make(original))
-
-    def undo() -> None:
-        for name, original in originals.items():
-            setattr(module, name, original)
-        collector.restore()
-
-    return undo
-
-
-
 #: The collector ``cookbook.install()`` (``gc=True``, the default) holds to the step.
 COLLECTOR = StepCollector()
 
@@ -571,4 +533,28 @@ PIECES = tuple(
         undo=uninstalled,
     )
     for name in (*LOOP_FUNCTIONS, *STEP_FUNCTIONS)
+)
+
+
+def configured(options: Any) -> None:
+    """The feature's ``configure``: install()'s ``gc_headroom``, when given,
+    for the collector's next loop."""
+    if options.get("gc_headroom") is not None and not COLLECTOR.active:
+        configure(headroom=options["gc_headroom"])
+
+
+FEATURE = Feature(
+    "gc",
+    "GC held to the trainer's step",
+    PIECES,
+    options=(
+        Option(
+            "gc_headroom",
+            None,
+            "the collector's memory guard, as a fraction of RSS",
+            variable=switches.GC_HEADROOM,
+            example="0.1",
+        ),
+    ),
+    configure=configured,
 )

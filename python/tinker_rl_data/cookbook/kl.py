@@ -49,14 +49,13 @@ import asyncio
 import contextlib
 import copy
 import logging
-import math
 import sys
-import threading
 from typing import Any, AsyncIterator, Callable, Iterable
 
 from .. import _core
-from ..errors import ProbeFailed, current, left_to
-from ..patch.piece import Piece
+from ..errors import ProbeFailed, left_to
+from ..patch.feature import Feature
+from ..patch.piece import Piece, check, outcome, run_to_end, same_metrics, same_outcome
 from ..rows import classes, direct
 
 __all__ = [
@@ -186,9 +185,6 @@ def make_full_sequence_inputs(original: Callable[..., Any]) -> Callable[..., Any
     return full_sequence_inputs
 
 
-full_sequence_inputs = make_full_sequence_inputs(current(_METRICS, "_full_sequence_inputs"))
-
-
 def _sequences(data_D: Any) -> tuple[list[Any] | None, str]:
     """The sequences to score, or None and why the cookbook's function
     takes the input."""
@@ -311,9 +307,6 @@ def make_incorporate_kl_penalty(original: Callable[..., Any]) -> Callable[..., A
     return incorporate_kl_penalty
 
 
-incorporate_kl_penalty = make_incorporate_kl_penalty(current(_METRICS, "incorporate_kl_penalty"))
-
-
 def _post_means(flat: Any) -> tuple[float, float]:
     """The cookbook's two means of the flat differences, by torch itself
     (a contiguous float32 tensor of the same values as its ``torch.cat``,
@@ -351,9 +344,6 @@ def make_compute_post_kl(original: Callable[..., Any]) -> Callable[..., Any]:
     return compute_post_kl
 
 
-compute_post_kl = make_compute_post_kl(current(_METRICS, "compute_post_kl"))
-
-
 def make_discounted_future_sum_vectorized(original: Callable[..., Any]) -> Callable[..., Any]:
     def discounted_future_sum_vectorized(x: Any, gamma: float) -> Any:
         """tinker_cookbook's ``rl.metrics.discounted_future_sum_vectorized``:
@@ -380,9 +370,6 @@ def make_discounted_future_sum_vectorized(original: Callable[..., Any]) -> Calla
         return left_to(original, "discounted_future_sum_vectorized", why)(x, gamma)
 
     return discounted_future_sum_vectorized
-
-
-discounted_future_sum_vectorized = make_discounted_future_sum_vectorized(current(_METRICS, "discounted_future_sum_vectorized"))
 
 
 def make_distillation_incorporate_kl_penalty(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -435,9 +422,6 @@ def make_distillation_incorporate_kl_penalty(original: Callable[..., Any]) -> Ca
         return metrics
 
     return distillation_incorporate_kl_penalty
-
-
-distillation_incorporate_kl_penalty = make_distillation_incorporate_kl_penalty(current(_DISTILLATION, "incorporate_kl_penalty"))
 
 
 # --------------------------------------------------------------------------
@@ -498,50 +482,36 @@ class _ProbeClient:
         return _Ready(_probe_response(prompt).prompt_logprobs)
 
 
-def _run(coroutine: Any) -> Any:
-    """Runs ``coroutine`` to its end, also from inside a running event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    result: list[Any] = []
-
-    def target() -> None:
-        result.append(asyncio.run(coroutine))
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join()
-    if not result:
-        raise ProbeFailed("the probe raised in its thread")
-    return result[0]
-
-
 def _advantage_bits(data: list[Any]) -> list[bytes]:
     return [d.loss_fn_inputs["advantages"].to_numpy().tobytes() for d in data]
 
 
-def _same(ours: dict[str, float], theirs: dict[str, float], what: str) -> None:
-    if list(ours) != list(theirs):
-        raise ProbeFailed(f"{what}: keys {list(ours)} != {list(theirs)}")
-    for key, value in theirs.items():
-        if not ((math.isnan(value) and math.isnan(ours[key])) or ours[key] == value):
-            raise ProbeFailed(f"{what}: {key} {ours[key]!r} != {value!r}")
+def _awaited(function: Callable[..., Any], *args: Any) -> tuple[str, Any]:
+    """:func:`outcome` of ``function(*args)`` awaited to its end."""
+    return outcome(lambda: run_to_end(function(*args)))
+
+
+def _compared(theirs: tuple[str, Any], mine: tuple[str, Any], what: str) -> tuple[Any, Any]:
+    """Both results; ProbeFailed saying what was raised unless both returned
+    (one probe input: an original that raises on it leaves nothing to compare)."""
+    same_outcome(theirs, mine, what)
+    check(theirs[0] == "ok", f"{what}: the original raised {theirs[1]!r} (the probe is out of date)")
+    return theirs[1], mine[1]
 
 
 def _check_penalty(original: Callable[..., Any], ours: Callable[..., Any], args: Callable[[list[Any]], tuple[Any, ...]]) -> None:
     base = _probe_data()
     theirs_data, ours_data = copy.deepcopy(base), copy.deepcopy(base)
-    theirs = _run(original(theirs_data, *args(theirs_data)))
-    mine = _run(ours(ours_data, *args(ours_data)))
-    metrics_theirs, metrics_ours = (theirs, mine) if isinstance(theirs, dict) else (theirs[0], mine[0])
-    _same(metrics_ours, metrics_theirs, "metrics")
-    if not isinstance(theirs, dict) and theirs[1] != mine[1]:
-        raise ProbeFailed(f"usage {mine[1]} != {theirs[1]}")
-    if _advantage_bits(ours_data) != _advantage_bits(theirs_data):
-        raise ProbeFailed("advantages differ")
-    if [d.loss_fn_inputs["advantages"].dtype for d in ours_data] != ["float32"] * len(base):
-        raise ProbeFailed("advantages are not float32")
+    theirs, mine = _compared(
+        _awaited(original, theirs_data, *args(theirs_data)), _awaited(ours, ours_data, *args(ours_data)), "the probe data"
+    )
+    if isinstance(theirs, dict):
+        same_metrics(theirs, mine, "metrics")
+    else:
+        same_metrics(theirs[0], mine[0], "metrics")
+        check(theirs[1] == mine[1], f"usage {mine[1]} != {theirs[1]}")
+    check(_advantage_bits(ours_data) == _advantage_bits(theirs_data), "advantages differ")
+    check([d.loss_fn_inputs["advantages"].dtype for d in ours_data] == ["float32"] * len(base), "advantages are not float32")
 
 
 def _check_sums() -> None:
@@ -569,29 +539,28 @@ def probe_distillation_incorporate_kl_penalty(original: Callable[..., Any], ours
 
 def probe_compute_post_kl(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
     data = _probe_data()
-    theirs, mine = _run(original(data, _ProbeClient())), _run(ours(data, _ProbeClient()))
-    _same(mine[0], theirs[0], "metrics")
-    if mine[1] != theirs[1]:
-        raise ProbeFailed(f"usage {mine[1]} != {theirs[1]}")
+    theirs, mine = _compared(_awaited(original, data, _ProbeClient()), _awaited(ours, data, _ProbeClient()), "the probe data")
+    same_metrics(theirs[0], mine[0], "metrics")
+    check(mine[1] == theirs[1], f"usage {mine[1]} != {theirs[1]}")
 
 
 def probe_score_sequences(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
     sequences = [d.model_input for d in _probe_data()]
-    theirs, mine = _run(original(_ProbeClient(), sequences)), _run(ours(_ProbeClient(), sequences))
-    if repr(mine) != repr(theirs):
-        raise ProbeFailed("scores or usage differ")
+    theirs, mine = _compared(
+        _awaited(original, _ProbeClient(), sequences), _awaited(ours, _ProbeClient(), sequences), "the probe sequences"
+    )
+    check(repr(mine) == repr(theirs), "scores or usage differ")
 
 
 def probe_full_sequence_inputs(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
     data = _probe_data()
-    theirs, mine = original(data), ours(data)
+    theirs, mine = _compared(outcome(original, data), outcome(ours, data), "the probe data")
     same = len(mine) == len(theirs) and all(
         type(a) is type(b) and a == b and a.model_fields_set == b.model_fields_set
         and [c.model_fields_set for c in a.chunks] == [c.model_fields_set for c in b.chunks]
         for a, b in zip(mine, theirs)
     )
-    if not same:
-        raise ProbeFailed("sequences differ")
+    check(same, "sequences differ")
 
 
 def probe_discounted_future_sum_vectorized(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
@@ -599,9 +568,8 @@ def probe_discounted_future_sum_vectorized(original: Callable[..., Any], ours: C
 
     x = torch.linspace(-3.0, 2.0, 257, dtype=torch.float32) ** 3
     for gamma in (0.9, 0.3, 1.0):
-        theirs, mine = original(x, gamma), ours(x, gamma)
-        if mine.dtype != theirs.dtype or mine.numpy().tobytes() != theirs.numpy().tobytes():
-            raise ProbeFailed(f"differs for gamma={gamma}")
+        theirs, mine = _compared(outcome(original, x, gamma), outcome(ours, x, gamma), f"gamma={gamma}")
+        check(mine.dtype == theirs.dtype and mine.numpy().tobytes() == theirs.numpy().tobytes(), f"differs for gamma={gamma}")
 
 
 def _piece(module: str, name: str, make: Callable[..., Any], probe: Callable[[Any, Any], None]) -> Piece:
@@ -634,3 +602,16 @@ PIECES = (
         probe_distillation_incorporate_kl_penalty,
     ),
 )
+
+FEATURE = Feature("kl", "cookbook KL penalty passes", PIECES)
+
+# For calling directly (not installed): each falls back to the cookbook's
+# function as its module holds it when called.
+(
+    incorporate_kl_penalty,
+    compute_post_kl,
+    _,
+    full_sequence_inputs,
+    discounted_future_sum_vectorized,
+    distillation_incorporate_kl_penalty,
+) = (p.direct() for p in PIECES)

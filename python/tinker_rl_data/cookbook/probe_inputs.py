@@ -88,8 +88,10 @@ def assembly_args(batch: list[Any]) -> tuple[list[Any], list[list[float]]]:
 
 
 def probe_datums() -> list[Any]:
-    """The Datums of the first probe batch, assembled by ours."""
-    from .data_processing import assemble_training_data
+    """The Datums of the first probe batch, assembled by the cookbook's
+    ``assemble_training_data`` (as its module holds it: the cookbook's, or
+    ours where installed, which its probe found equal)."""
+    from tinker_cookbook.rl.data_processing import assemble_training_data
 
     batch = CookbookBatches().batches()[0]
     return list(assemble_training_data(*assembly_args(batch))[0])

@@ -25,15 +25,15 @@ fall back to the cookbook's function as its module holds it when called.
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from typing import Any, Callable
 
 import numpy as np
 
 from .. import _core
-from ..errors import current, left_to
-from ..patch.piece import Piece, check, outcome, same_outcome
+from ..errors import left_to
+from ..patch.feature import Feature
+from ..patch.piece import Piece, check, outcome, same_metrics, same_outcome
 from ..rows import classes, direct
 from .probe_inputs import CookbookBatches, datum_bytes, probe_datums
 
@@ -83,9 +83,6 @@ def make_compute_kl_sample_train(original: Function) -> Function:
     return compute_kl_sample_train
 
 
-compute_kl_sample_train = make_compute_kl_sample_train(current("tinker_cookbook.rl.metrics", "compute_kl_sample_train"))
-
-
 def _own_total_rewards() -> Any:
     """The cookbook's ``TrajectoryGroup.get_total_rewards``: a group whose
     class has it as it is has its total rewards summed natively."""
@@ -117,9 +114,6 @@ def make_compute_trajectory_metrics(original: Function) -> Function:
     return compute_trajectory_metrics
 
 
-compute_trajectory_metrics = make_compute_trajectory_metrics(
-    current("tinker_cookbook.rl.metric_util", "compute_trajectory_metrics")
-)
 
 
 # --------------------------------------------------------------------------
@@ -171,30 +165,16 @@ def make_training_usage(original: Function) -> Function:
     return training_usage
 
 
-rollout_usage = make_rollout_usage(current("tinker_cookbook.rl.train", "rollout_usage"))
-training_usage = make_training_usage(current("tinker_cookbook.rl.train", "training_usage"))
 
 
 # --------------------------------------------------------------------------
 # The probes
 
 
-def _close(a: Any, b: Any) -> bool:
-    """Equal, or (floats) within float32 rounding of the larger magnitude:
-    the contract's tolerance for metrics summed in float64 against the
-    cookbook's float32 or numpy sums."""
-    if isinstance(a, float) or isinstance(b, float):
-        a, b = float(a), float(b)
-        if math.isnan(a) or math.isnan(b):
-            return math.isnan(a) and math.isnan(b)
-        return abs(a - b) <= 1e-5 * max(1.0, abs(a), abs(b))
-    return bool(a == b)
-
-
 def _same_metrics(theirs: dict[str, Any], mine: dict[str, Any], what: str) -> None:
-    check(list(theirs) == list(mine), f"{what}: other keys ({sorted(set(theirs) ^ set(mine))[:3]} differ)")
-    for key in theirs:
-        check(_close(theirs[key], mine[key]), f"{what}: {key} is {mine[key]!r}, the original's {theirs[key]!r}")
+    # The contract's tolerance for metrics summed in float64 against the
+    # cookbook's float32 or numpy sums: float32 rounding.
+    same_metrics(theirs, mine, what, tolerance=1e-5)
 
 
 def probe_compute_kl_sample_train(original: Any, ours: Any) -> None:
@@ -255,3 +235,9 @@ PIECES = (
     _piece("rl.train", "rollout_usage", make_rollout_usage, probe_rollout_usage, since="0.6.1"),
     _piece("rl.train", "training_usage", make_training_usage, probe_training_usage, since="0.6.1"),
 )
+
+FEATURE = Feature("step", "cookbook step metrics and usage", PIECES, switch=False)
+
+# For calling directly (not installed): each falls back to the cookbook's
+# function as its module holds it when called.
+compute_kl_sample_train, compute_trajectory_metrics, _, rollout_usage, training_usage = (p.direct() for p in PIECES)

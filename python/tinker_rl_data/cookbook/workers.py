@@ -80,6 +80,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import InstallError, InstallWarning, NotNeeded, ProbeFailed
+from ..patch.feature import Feature, InstallCall
 from ..patch.piece import Piece
 
 logger = logging.getLogger("tinker_rl_data")
@@ -103,6 +104,14 @@ class Settings:
     strict: bool
     env: tuple[tuple[str, str], ...]
     driver: tuple[str, int]
+    catalog: str = "tinker_rl_data.cookbook.features"
+
+    def features(self) -> Any:
+        """The driver's catalog of features (found by name: a worker
+        imports it fresh), to install those named in ``options``."""
+        import importlib
+
+        return importlib.import_module(self.catalog).declared()
 
 
 _settings: Settings | None = None
@@ -113,16 +122,19 @@ def _me() -> tuple[str, int]:
     return (socket.gethostname(), os.getpid())
 
 
-def follow(options: Any, strict: bool | None = None, gc_headroom: float | None = None) -> None:
-    """The driver installed ``options``: the workers will install the same
-    (``cookbook.install`` calls this last); ``gc_headroom``, install()'s
-    option, travels as the worker's ``TINKER_RL_DATA_GC_HEADROOM``."""
+def follow(
+    options: Any, strict: bool | None = None, gc_headroom: float | None = None, catalog: str = Settings.catalog
+) -> None:
+    """The driver installed ``options`` (features of ``catalog``): the
+    workers will install the same (``cookbook.install`` calls this last);
+    ``gc_headroom``, install()'s option, travels as the worker's
+    ``TINKER_RL_DATA_GC_HEADROOM``."""
     from .. import switches
 
     global _settings
-    variables = {k: v for k, v in os.environ.items() if k.startswith("TINKER_RL_DATA_")}
+    variables = switches.ours()
     if gc_headroom is not None:
-        variables["TINKER_RL_DATA_GC_HEADROOM"] = repr(float(gc_headroom))
+        variables[switches.GC_HEADROOM] = repr(float(gc_headroom))
     env = tuple(sorted(variables.items()))
     with _settings_lock:
         if switches.disabled():
@@ -133,6 +145,7 @@ def follow(options: Any, strict: bool | None = None, gc_headroom: float | None =
             strict=switches.strict(strict),
             env=env,
             driver=_me(),
+            catalog=catalog,
         )
 
 
@@ -268,7 +281,7 @@ def _set_up(settings: Settings) -> _Worker:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                report = _patch.install(settings.options, owner=OWNER, strict=settings.strict)
+                report = _patch.install(settings.features(), settings.options, owner=OWNER, strict=settings.strict)
             except InstallError:
                 raise  # strict: the task fails, as the driver's install would
             except Exception as exc:  # a bug: the cookbook's functions run
@@ -531,4 +544,25 @@ PIECES = (
         label=SIGNAL_TITLE,
         needs="tinker_cookbook",
     ),
+)
+
+
+def followed(call: InstallCall) -> None:
+    """The feature's ``installed`` hook: the workers follow the driver's install."""
+    follow(call.features, call.strict, call.options.get("gc_headroom"), catalog=call.catalog)
+
+
+def status() -> list[str]:
+    """The feature's report lines: one per worker seen."""
+    return [f"worker {line}" for line in describe()]
+
+
+FEATURE = Feature(
+    "workers",
+    "the same install in rollout workers",
+    PIECES,
+    switch=False,
+    installed=followed,
+    uninstalled=stop,
+    status=status,
 )

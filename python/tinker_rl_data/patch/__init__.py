@@ -1,8 +1,9 @@
-"""The patch layer: the pieces the feature modules declare (:mod:`.piece`,
-collected by :mod:`.registry`), the install transaction
-(:mod:`.transaction`), its report (:mod:`.report`) and the launcher
-(:mod:`.launch`)."""
+"""The patch layer: what a feature declares (:mod:`.feature`, its pieces
+:mod:`.piece`), the install transaction (:mod:`.transaction`), its report
+(:mod:`.report`) and the launcher (:mod:`.launch`). It names no feature:
+it is handed the declarations (:mod:`tinker_rl_data.cookbook.features` lists them)."""
 
+from .feature import Feature as Feature
 from .piece import Piece as Piece
 from .report import Report as Report
 from .transaction import install as install

@@ -3,19 +3,26 @@
 
 A feature module (``tinker_rl_data.tinker.*``, ``tinker_rl_data.cookbook.*``)
 holds, next to each other, the code of a replacement, its ``make(original)``
-and its probe, and lists its pieces in a module-level ``PIECES`` tuple;
-:mod:`tinker_rl_data.patch.registry` only collects those tuples.
+and its probe, and declares its pieces in its :class:`~.feature.Feature`.
+
+One probe style: a probe runs the original and ours on the same inputs
+(:func:`outcome`, raised exceptions included), compares the outcomes
+(:func:`same_outcome`, then the results: :func:`same_metrics` for metric
+dicts) and raises :class:`ProbeFailed` saying how they differ (:func:`check`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
 import re
+import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine, Mapping
 
-from ..errors import ProbeFailed
+from ..errors import ProbeFailed, current
 
-__all__ = ["Piece", "ProbeFailed", "check", "outcome", "release", "same_outcome"]
+__all__ = ["Piece", "ProbeFailed", "check", "outcome", "release", "run_to_end", "same_metrics", "same_outcome"]
 
 Make = Callable[[Callable[..., Any]], Callable[..., Any]]
 Probe = Callable[[Callable[..., Any], Callable[..., Any]], None]
@@ -25,7 +32,7 @@ Probe = Callable[[Callable[..., Any], Callable[..., Any]], None]
 class Piece:
     """One replacement: ``module.name`` becomes ``make(original)``.
 
-    ``feature``: the install() option that selects it (``switches.FEATURES``).
+    ``feature``: the name of the :class:`~.feature.Feature` declaring it.
     ``make(original)`` builds ours around the function found installed (a
     fallback calls that ``original``); ``probe(original, ours)`` raises
     :class:`ProbeFailed` when they differ on this machine. ``name`` may be
@@ -67,7 +74,14 @@ class Piece:
 
     @property
     def where(self) -> str:
+        """``module.name``: the piece's key (labels may repeat)."""
         return f"{self.module}.{self.name}"
+
+    def direct(self) -> Callable[..., Any]:
+        """Ours for calling directly (not installed): ``make`` of a function
+        calling the original as :attr:`module` holds it when called (where
+        ours is installed, that falls back to the original in turn)."""
+        return self.make(current(self.module, self.name))
 
 
 def release(version: str | None) -> tuple[int, ...]:
@@ -92,6 +106,46 @@ def outcome(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[str, Any
         return "ok", fn(*args, **kwargs)
     except Exception as exc:  # the probe compares what the original raises too
         return "raised", exc
+
+
+def run_to_end(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Runs ``coroutine`` to its end, also from inside a running event loop
+    (then in a thread); its exception is raised here as it is."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    result: list[tuple[str, Any]] = []
+
+    def target() -> None:
+        result.append(outcome(asyncio.run, coroutine))
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    kind, value = result[0]
+    if kind == "raised":
+        raise value
+    return value
+
+
+def _close(a: Any, b: Any, tolerance: float) -> bool:
+    """Equal, or (floats) within ``tolerance`` of the larger magnitude (at
+    least 1); NaN equals NaN."""
+    if isinstance(a, float) or isinstance(b, float):
+        a, b = float(a), float(b)
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return abs(a - b) <= tolerance * max(1.0, abs(a), abs(b))
+    return bool(a == b)
+
+
+def same_metrics(theirs: Mapping[str, Any], mine: Mapping[str, Any], what: str, tolerance: float = 0.0) -> None:
+    """Raises ProbeFailed unless both metric dicts have the same keys in the
+    same order and equal values (floats within ``tolerance``, relative)."""
+    check(list(theirs) == list(mine), f"{what}: other keys ({sorted(set(theirs) ^ set(mine))[:3]} differ)")
+    for key in theirs:
+        check(_close(theirs[key], mine[key], tolerance), f"{what}: {key} is {mine[key]!r}, the original's {theirs[key]!r}")
 
 
 def same_outcome(theirs: tuple[str, Any], mine: tuple[str, Any], what: str) -> bool:

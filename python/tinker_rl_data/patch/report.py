@@ -7,47 +7,71 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ..switches import FEATURES
+from .._core import __version__
 
-__all__ = ["DISTRIBUTIONS", "TESTED_VERSIONS", "Report"]
+__all__ = ["DISTRIBUTIONS", "TESTED_VERSIONS", "Entry", "Report"]
 
 #: The versions the test suite runs against, per package.
 TESTED_VERSIONS = {"tinker": ("0.36.0", "0.38.0"), "tinker_cookbook": ("0.5.8", "0.6.1")}
 
 DISTRIBUTIONS = {"tinker": "tinker", "tinker_cookbook": "tinker-cookbook"}
 
+#: An :class:`Entry`'s states: installed, left with a warning, and left for
+#: no cause to warn (skipped; or the installed release does not have the
+#: name, or already does what ours would, or ours reproduces a later one).
+IN, OUT, SKIPPED, NOT_FOR_VERSION = "in", "out", "skipped", "not for this version"
+
+
+@dataclass
+class Entry:
+    """One piece in a report (or, ``feature`` empty, a whole package left out)."""
+
+    title: str
+    feature: str
+    state: str = IN
+    sites: list[str] = field(default_factory=list)
+    why: str = ""
+    probe_ms: float | None = None
+
 
 @dataclass
 class Report:
     """What an install did (or, from :func:`tinker_rl_data.status`, what is in effect).
 
-    ``installed``: (piece, sites replaced); ``left``: (piece, why it stays
-    out); ``older``: the pieces of ``left`` that the installed (older)
-    release does not have or that ours does not reproduce there (no cause
-    for a warning); ``kept``: other modules' names holding a user's or another
-    library's function, left alone; ``features``: each piece's feature;
-    ``not_asked``: features not selected; ``skipped``: features or pieces
-    turned off by ``TINKER_RL_DATA_SKIP``; ``construction``: how Datums are
-    built (``direct`` or why tinker's constructors are used); ``merged``:
-    coalesced sampling's counts; ``workers``: one line per rollout worker
-    seen (what it installed, its rollouts); ``probe_ms``: the probes' time.
+    ``entries``: per piece, keyed by ``module.name`` (:class:`Entry`), in
+    install order; ``installed`` and ``left`` are read from them: (title,
+    sites replaced) and (title, why it stays out). ``kept``: other modules'
+    names holding a user's or another library's function, left alone;
+    ``features``: (name, description) of each feature, in the report's
+    order; ``not_asked``: each feature not selected, and how to say so;
+    ``skipped``: features or pieces turned off by ``TINKER_RL_DATA_SKIP``;
+    ``construction``: how Datums are built (``direct`` or why tinker's
+    constructors are used); ``notes``: lines the installed features add
+    (coalesced sampling's counts, the rollout workers seen);
+    ``probe_ms``: the probes' time.
     """
 
-    installed: list[tuple[str, list[str]]] = field(default_factory=list)
-    left: list[tuple[str, str]] = field(default_factory=list)
-    older: list[str] = field(default_factory=list)
+    entries: dict[str, Entry] = field(default_factory=dict)
     kept: list[str] = field(default_factory=list)
-    features: dict[str, str] = field(default_factory=dict)
-    not_asked: list[str] = field(default_factory=list)
+    features: list[tuple[str, str]] = field(default_factory=list)
+    not_asked: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)
     construction: str = ""
     int_read: str = ""
     probe_ms: float = 0.0
-    probe_times: dict[str, float] = field(default_factory=dict)
     disabled: bool = False
-    merged: dict[str, int] = field(default_factory=dict)
-    workers: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def installed(self) -> list[tuple[str, list[str]]]:
+        """(piece, sites replaced) of each piece installed."""
+        return [(e.title, e.sites) for e in self.entries.values() if e.state == IN]
+
+    @property
+    def left(self) -> list[tuple[str, str]]:
+        """(piece, why it stays out) of each piece left out."""
+        return [(e.title, e.why) for e in self.entries.values() if e.state != IN]
 
     @property
     def fast_construction(self) -> bool | None:
@@ -55,8 +79,6 @@ class Report:
         return None if not self.construction else self.construction == "direct"
 
     def _header(self) -> str:
-        from .. import __version__
-
         def version(package: str) -> str:
             found = self.versions.get(package)
             if found is None:
@@ -74,57 +96,44 @@ class Report:
         if self.disabled:
             lines.append("  disabled by TINKER_RL_DATA_DISABLE=1: nothing installed")
             return "\n".join(lines)
-        installed = {title for title, _ in self.installed}
-        left = dict(self.left)
-        for feature, what in FEATURES.items():
-            titles = [t for t, f in self.features.items() if f == feature]
+        for feature, what in self.features:
             if feature in self.not_asked:
-                state = "opt-in, not asked" if feature == "coalesce" else "off (not asked)"
-                lines.append(f"  {feature:<9} {state:<22} {what}")
+                lines.append(f"  {feature:<9} {self.not_asked[feature]:<22} {what}")
                 continue
             if feature in self.skipped:
                 lines.append(f"  {feature:<9} {'off (TINKER_RL_DATA_SKIP)':<22} {what}")
                 continue
-            if not titles:
+            entries = [e for e in self.entries.values() if e.feature == feature]
+            if not entries:
                 continue
-            older = [t for t in titles if t in self.older]
-            titles = [t for t in titles if t not in self.older]
-            n_in = sum(t in installed for t in titles)
-            if not titles:
-                lines.append(f"  {feature:<9} {'not for this version':<22} {what}: {left[older[0]]}")
+            older = [e for e in entries if e.state == NOT_FOR_VERSION]
+            counted = [e for e in entries if e.state != NOT_FOR_VERSION]
+            n_in = sum(e.state == IN for e in counted)
+            if not counted:
+                lines.append(f"  {feature:<9} {'not for this version':<22} {what}: {older[0].why}")
                 continue
-            state = "on" if n_in == len(titles) else "off" if n_in == 0 else "partly on"
+            state = "on" if n_in == len(counted) else "off" if n_in == 0 else "partly on"
             note = f" ({len(older)} not for this version)" if older else ""
-            lines.append(f"  {feature:<9} {f'{state}, {n_in} of {len(titles)}':<22} {what}{note}")
-            for title in titles:
-                if title in left:
-                    lines.append(f"      {title}: {left[title]}")
-        for title, why in self.left:
-            if title not in self.features:  # a whole package missing
-                lines.append(f"  {title}: {why}")
-        if self.skipped:
-            pieces = [s for s in self.skipped if s not in FEATURES]
-            if pieces:
-                lines.append("  skipped by TINKER_RL_DATA_SKIP: " + ", ".join(pieces))
+            lines.append(f"  {feature:<9} {f'{state}, {n_in} of {len(counted)}':<22} {what}{note}")
+            lines.extend(f"      {e.title}: {e.why}" for e in counted if e.state != IN)
+        lines.extend(f"  {e.title}: {e.why}" for e in self.entries.values() if not e.feature)  # a whole package missing
+        names = {feature for feature, _ in self.features}
+        pieces = [s for s in self.skipped if s not in names]
+        if pieces:
+            lines.append("  skipped by TINKER_RL_DATA_SKIP: " + ", ".join(pieces))
         if self.construction:
             lines.append(f"  Datum construction: {self.construction}; int read: {self.int_read}")
-        if self.merged:
-            lines.append(
-                f"  coalesced sampling: {self.merged.get('merged_calls', 0)} calls sent as "
-                f"{self.merged.get('merged_requests', 0)} requests"
-            )
-        lines.extend(f"  worker {line}" for line in self.workers)
+        lines.extend(f"  {note}" for note in self.notes)
         return "\n".join(lines)
 
     def details(self) -> str:
         """Every site replaced, every piece left and why, every name kept, each probe's time."""
         lines = [self._header()]
-        for title, sites in self.installed:
-            ms = self.probe_times.get(title)
-            lines.append(f"  in    {title}" + (f" ({ms:.0f} ms)" if ms is not None else ""))
-            lines.extend(f"          {site}" for site in sites)
-        for title, why in self.left:
-            lines.append(f"  out   {title}: {why}")
+        for e in self.entries.values():
+            if e.state == IN:
+                lines.append(f"  in    {e.title}" + (f" ({e.probe_ms:.0f} ms)" if e.probe_ms is not None else ""))
+                lines.extend(f"          {site}" for site in e.sites)
+        lines.extend(f"  out   {title}: {why}" for title, why in self.left)
         lines.extend(f"  kept  {name} (holds another function)" for name in self.kept)
         return "\n".join(lines)
 

@@ -1,5 +1,6 @@
-"""The transaction that installs and uninstalls the pieces
-(:func:`tinker_rl_data.patch.registry.pieces`).
+"""The transaction that installs and uninstalls the pieces of the features
+it is handed (:class:`~.feature.Feature`; :mod:`tinker_rl_data.cookbook.features`
+lists the package's).
 
 A piece goes in only when, at install time,
 
@@ -31,15 +32,15 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from .. import switches
 from ..errors import InstallError, InstallWarning, NotNeeded, ProbeFailed
+from .feature import Feature
 from .piece import Piece, release
-from .registry import pieces
-from .report import DISTRIBUTIONS, TESTED_VERSIONS, Report
+from .report import DISTRIBUTIONS, NOT_FOR_VERSION, OUT, SKIPPED, TESTED_VERSIONS, Entry, Report
 
-__all__ = ["install", "installed", "status", "uninstall"]
+__all__ = ["install", "installed", "probe", "status", "uninstall"]
 
 logger = logging.getLogger("tinker_rl_data")
 
@@ -47,6 +48,7 @@ logger = logging.getLogger("tinker_rl_data")
 @dataclass
 class _Installed:
     piece: Piece
+    feature: Feature
     original: Any
     ours: Any
     owner: str
@@ -91,17 +93,14 @@ def status() -> Report:
     """What tinker_rl_data has installed now, and the runtime it found."""
     report = Report()
     _runtime(report)
+    features: dict[str, Feature] = {}
     for record in _installed.values():
-        report.installed.append((record.piece.title, list(record.sites)))
-        report.features[record.piece.title] = record.piece.feature
-    if any(piece.feature == "coalesce" for piece in _installed):
-        from ..tinker import coalesce
-
-        report.merged = dict(coalesce.counts())
-    if any(piece.feature == "workers" for piece in _installed):
-        from ..cookbook import workers
-
-        report.workers = workers.describe()
+        report.entries[record.piece.where] = Entry(record.piece.title, record.piece.feature, sites=list(record.sites))
+        features.setdefault(record.feature.name, record.feature)
+    for feature in features.values():
+        report.features.append((feature.name, feature.description))
+        if feature.status is not None:
+            report.notes.extend(feature.status())
     return report
 
 
@@ -151,6 +150,8 @@ class _Plan:
 
 
 def _plan(piece: Piece, report: Report) -> _Plan:
+    """What installing ``piece`` replaces, with ours made and probed; raises
+    :class:`_Left` saying why it stays out."""
     try:
         module = importlib.import_module(piece.module)
         if piece.defined_in:
@@ -189,8 +190,9 @@ def _plan(piece: Piece, report: Report) -> _Plan:
         raise _Left(f"probe failed: {what}{exc}") from None
     finally:
         logging.disable(quiet)
-        report.probe_times[piece.title] = (time.perf_counter() - start) * 1e3
-        report.probe_ms += report.probe_times[piece.title]
+        probe_ms = (time.perf_counter() - start) * 1e3
+        report.entries[piece.where].probe_ms = probe_ms
+        report.probe_ms += probe_ms
 
     sites = [(holder, attr)]
     if piece.spread:
@@ -221,50 +223,60 @@ def _is_ours(value: Any) -> bool:
 
 
 # --------------------------------------------------------------------------
-# The transaction
+# The transaction, by phase
 
 
-def _warn(message: str) -> None:
-    warnings.warn(message, InstallWarning, stacklevel=4)
+def _warn(message: str, stacklevel: int = 4) -> None:
+    """An InstallWarning pointing at the line that called install() (4:
+    from transaction.install, called by cookbook.install or tinker.install)."""
+    warnings.warn(message, InstallWarning, stacklevel=stacklevel)
 
 
-def install(features: Iterable[str], *, owner: str, strict: bool | None = None) -> Report:
-    """Install every piece whose feature is in ``features`` (less
-    ``TINKER_RL_DATA_SKIP``) and that its probe accepts; return the report.
-    See the module's doc."""
-    strict = switches.strict(strict)
-    report = Report()
-    if switches.disabled():
-        report.disabled = True
-        report.versions = {package: _version(package) for package in TESTED_VERSIONS}
-        logger.info("tinker_rl_data: TINKER_RL_DATA_DISABLE=1, nothing installed")
-        return report
-    _runtime(report)
-    chosen = set(features)
+@dataclass
+class _Choice:
+    """The pieces one install() call decides, and the features they come from."""
+
+    pieces: list[Piece] = field(default_factory=list)
+    feature: dict[Piece, Feature] = field(default_factory=dict)
+
+
+def _select(catalog: Sequence[Feature], chosen: set[str], report: Report) -> _Choice:
+    """The chosen features' pieces, less ``TINKER_RL_DATA_SKIP``'s."""
     skip = switches.skipped()
-    report.not_asked = [f for f in switches.FEATURES if f not in chosen]
+    report.features = [(feature.name, feature.description) for feature in catalog]
+    report.not_asked = {f.name: f.state_when_not_asked for f in catalog if f.name not in chosen}
     report.skipped = sorted(skip)
-    chosen -= skip
-    selected = []
-    quiet: set[str] = set()  # left for no cause to warn: skipped, or not in an older release
-    for piece in pieces():
-        if piece.feature not in chosen:
+    choice = _Choice()
+    for feature in catalog:
+        if feature.name not in chosen or feature.name in skip:
             continue
-        report.features[piece.title] = piece.feature
-        if piece.name.rpartition(".")[2] in skip or piece.title in skip:
-            report.left.append((piece.title, "skipped by TINKER_RL_DATA_SKIP"))
-            quiet.add(piece.title)
-            continue
-        selected.append(piece)
-    for package in dict.fromkeys(piece.requires for piece in selected):
+        for piece in feature.pieces:
+            report.entries[piece.where] = Entry(piece.title, piece.feature)
+            if piece.name.rpartition(".")[2] in skip or piece.title in skip:
+                report.entries[piece.where].state = SKIPPED
+                report.entries[piece.where].why = "skipped by TINKER_RL_DATA_SKIP"
+                continue
+            choice.pieces.append(piece)
+            choice.feature[piece] = feature
+    return choice
+
+
+def _drop_missing_packages(choice: _Choice, report: Report) -> None:
+    """A package that is not installed: one entry for its pieces, not one each."""
+    for package in dict.fromkeys(piece.requires for piece in choice.pieces):
         # (the standard library has no distribution to look for)
-        if package in DISTRIBUTIONS and report.versions.get(package) is None:  # not installed: one entry, not one per piece
-            ours = [piece for piece in selected if piece.requires == package]
-            for piece in ours:
-                del report.features[piece.title]
-            report.left.append((f"{DISTRIBUTIONS[package]} pieces ({len(ours)})", f"{package} is not importable"))
-            selected = [piece for piece in selected if piece.requires != package]
-    for module in dict.fromkeys(piece.module for piece in selected):
+        if package in DISTRIBUTIONS and report.versions.get(package) is None:
+            missing = [piece for piece in choice.pieces if piece.requires == package]
+            for piece in missing:
+                del report.entries[piece.where]
+            title = f"{DISTRIBUTIONS[package]} pieces ({len(missing)})"
+            report.entries[package] = Entry(title, "", OUT, why=f"{package} is not importable")
+            choice.pieces = [piece for piece in choice.pieces if piece.requires != package]
+
+
+def _decide(choice: _Choice, report: Report) -> list[_Plan]:
+    """A plan for each piece that goes in; the others' entries say why not."""
+    for module in dict.fromkeys(piece.module for piece in choice.pieces):
         # All first, so that every module holding a name is loaded when its
         # sites are found; one that fails is reported by its pieces.
         try:
@@ -272,21 +284,20 @@ def install(features: Iterable[str], *, owner: str, strict: bool | None = None) 
         except Exception:
             pass
     plans: list[_Plan] = []
-    for piece in selected:
+    for piece in choice.pieces:
+        entry = report.entries[piece.where]
         if piece in _installed:
-            report.installed.append((piece.title, list(_installed[piece].sites)))
+            entry.sites = list(_installed[piece].sites)
             continue
         try:
             plans.append(_plan(piece, report))
         except _Left as left:
-            report.left.append((piece.title, str(left)))
-            if left.expected:
-                quiet.add(piece.title)
-                report.older.append(piece.title)
+            entry.state, entry.why = (NOT_FOR_VERSION if left.expected else OUT), str(left)
+    return plans
 
-    failed = [(title, why) for title, why in report.left if title not in quiet]
-    if strict and failed:
-        raise InstallError("tinker_rl_data: nothing installed (strict):\n" + "\n".join(f"  {t}: {w}" for t, w in failed))
+
+def _replace(plans: list[_Plan]) -> None:
+    """Every site of every plan gets ours, or (raising) none does."""
     done: list[tuple[Any, str, Any]] = []
     try:
         for plan in plans:
@@ -294,31 +305,33 @@ def install(features: Iterable[str], *, owner: str, strict: bool | None = None) 
                 previous = vars(holder)[attr]
                 setattr(holder, attr, plan.ours)
                 done.append((holder, attr, previous))
-    except BaseException as exc:
+    except BaseException:
         for holder, attr, value in reversed(done):
             setattr(holder, attr, value)
-        if strict or not isinstance(exc, Exception):
-            raise
-        _warn(f"tinker_rl_data: nothing installed: {type(exc).__name__}: {exc}")
-        titles = {plan.piece.title for plan in plans}
-        report.installed = [entry for entry in report.installed if entry[0] not in titles]
-        report.left.extend((title, f"not installed: {type(exc).__name__}: {exc}") for title in titles)
-        return report
+        raise
 
+
+def _record(plans: list[_Plan], choice: _Choice, owner: str, report: Report) -> None:
     for plan in plans:
         sites = [_site_name(holder, attr) for holder, attr in plan.sites]
-        _installed[plan.piece] = _Installed(plan.piece, plan.original, plan.ours, owner, sites, list(plan.sites))
-        report.installed.append((plan.piece.title, sites))
+        _installed[plan.piece] = _Installed(
+            plan.piece, choice.feature[plan.piece], plan.original, plan.ours, owner, sites, list(plan.sites)
+        )
+        report.entries[plan.piece.where].sites = sites
 
+
+def _tell(plans: list[_Plan], failed: list[tuple[str, str]], report: Report) -> None:
+    """The warnings (an untested version, each piece left out) and the log line."""
     for package in sorted({plan.piece.package for plan in plans} & set(TESTED_VERSIONS)):
         found = report.versions.get(package)
         if found not in TESTED_VERSIONS[package]:
             _warn(
                 f"tinker_rl_data: {DISTRIBUTIONS[package]} {found} is not a version the tests ran against "
-                f"({', '.join(TESTED_VERSIONS[package])}); its pieces passed their probes and are installed"
+                f"({', '.join(TESTED_VERSIONS[package])}); its pieces passed their probes and are installed",
+                stacklevel=5,
             )
     for title, why in failed:
-        _warn(f"tinker_rl_data: {title} not installed: {why}")
+        _warn(f"tinker_rl_data: {title} not installed: {why}", stacklevel=5)
     if report.fast_construction is False:
         logger.info("tinker_rl_data: Datums go through tinker's public constructors (slower): %s", report.construction)
     logger.info(
@@ -327,6 +340,61 @@ def install(features: Iterable[str], *, owner: str, strict: bool | None = None) 
         len(report.left),
         report.probe_ms,
     )
+
+
+def _disabled(report: Report) -> Report:
+    report.disabled = True
+    report.versions = {package: _version(package) for package in TESTED_VERSIONS}
+    return report
+
+
+def _decided(catalog: Sequence[Feature], chosen: Iterable[str], report: Report) -> tuple[_Choice, list[_Plan]]:
+    """The phases before anything is replaced: the runtime, the pieces
+    chosen, and a plan for each that goes in."""
+    _runtime(report)
+    choice = _select(catalog, set(chosen), report)
+    _drop_missing_packages(choice, report)
+    return choice, _decide(choice, report)
+
+
+def install(catalog: Sequence[Feature], chosen: Iterable[str], *, owner: str, strict: bool | None = None) -> Report:
+    """Install every piece of the features of ``catalog`` named in ``chosen``
+    (less ``TINKER_RL_DATA_SKIP``) that its probe accepts; return the report
+    (its lines: every feature of ``catalog``). See the module's doc."""
+    strict = switches.strict(strict)
+    report = Report()
+    if switches.disabled():
+        logger.info("tinker_rl_data: TINKER_RL_DATA_DISABLE=1, nothing installed")
+        return _disabled(report)
+    choice, plans = _decided(catalog, chosen, report)
+    failed = [(e.title, e.why) for e in report.entries.values() if e.state == OUT]
+    if strict and failed:
+        raise InstallError("tinker_rl_data: nothing installed (strict):\n" + "\n".join(f"  {t}: {w}" for t, w in failed))
+    try:
+        _replace(plans)
+    except Exception as exc:
+        if strict:
+            raise
+        _warn(f"tinker_rl_data: nothing installed: {type(exc).__name__}: {exc}")
+        for plan in plans:
+            entry = report.entries[plan.piece.where]
+            entry.state, entry.why = OUT, f"not installed: {type(exc).__name__}: {exc}"
+        return report
+    _record(plans, choice, owner, report)
+    _tell(plans, failed, report)
+    return report
+
+
+def probe(catalog: Sequence[Feature], chosen: Iterable[str]) -> Report:
+    """What install() would do, replacing nothing: every chosen piece
+    decided by its probe; those that would go in are reported in, with
+    the sites they would replace."""
+    report = Report()
+    if switches.disabled():
+        return _disabled(report)
+    _, plans = _decided(catalog, chosen, report)
+    for plan in plans:
+        report.entries[plan.piece.where].sites = [_site_name(holder, attr) for holder, attr in plan.sites]
     return report
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..patch import transaction
 from ..patch.report import Report
+from . import request_bytes
 
 __all__ = ["install", "uninstall"]
 
@@ -20,7 +21,9 @@ def install(*, strict: bool | None = None) -> Report:
     by the Rust core, where their probes find them equal to tinker's on this
     machine (the policy: :mod:`tinker_rl_data.patch.transaction`). Returns
     the report; calling it again is harmless; :func:`uninstall` undoes it."""
-    return transaction.install({"wire"}, owner="tinker_rl_data", strict=strict)
+    from ..cookbook import features  # (the list of every feature: for the report's lines)
+
+    return transaction.install(features.declared(), (request_bytes.FEATURE.name,), owner="tinker_rl_data", strict=strict)
 
 
 def uninstall() -> None:

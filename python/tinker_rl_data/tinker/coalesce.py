@@ -69,6 +69,7 @@ from concurrent.futures import CancelledError, Future, InvalidStateError, as_com
 from typing import Any, Callable
 
 from .. import _core
+from ..patch.feature import Feature
 from ..patch.piece import Piece, ProbeFailed
 from . import sample as sampling
 
@@ -483,3 +484,12 @@ PIECES = (
         label="coalesced sampling",
     ),
 )
+
+
+def status() -> list[str]:
+    """The feature's report line while installed."""
+    merged = counts()
+    return [f"coalesced sampling: {merged.get('merged_calls', 0)} calls sent as {merged.get('merged_requests', 0)} requests"]
+
+
+FEATURE = Feature("coalesce", "coalesced sampling", PIECES, default=False, status=status)

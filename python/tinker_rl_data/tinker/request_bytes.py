@@ -1,0 +1,12 @@
+"""The feature ``wire``: tinker's request bytes made by the Rust core, the
+``forward_backward`` body (:mod:`.forward_backward`) and the ``sample`` body
+(:mod:`.sample`), each module declaring its piece."""
+
+from __future__ import annotations
+
+from ..patch.feature import Feature
+from . import forward_backward, sample
+
+__all__ = ["FEATURE"]
+
+FEATURE = Feature("wire", "tinker's request bytes", (*forward_backward.PIECES, *sample.PIECES))
