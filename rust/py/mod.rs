@@ -7,6 +7,8 @@
 //! - `pipeline`: read -> plan -> fill -> build, once;
 //! - `build`: filled rows into tinker's objects (directly or through its
 //!   public constructors) and their metadata;
+//! - `classes`: tinker's classes, bound once by the Python layer, and
+//!   numpy's scalar types;
 //! - `gc`: the cyclic GC held off for a call; `errors`: exceptions and the
 //!   panic guard; `wire`: tinker's forward_backward request read for its
 //!   bytes; `step`: the rest of tinker-cookbook's RL step around the data
@@ -19,6 +21,7 @@
 //! `advantages`, `metrics`).
 
 pub mod build;
+pub mod classes;
 pub mod errors;
 pub mod exports;
 pub mod gc;
