@@ -11,6 +11,7 @@ use crate::py::build::Builder;
 use crate::py::classes::Classes;
 use crate::py::errors::guarded;
 use crate::py::errors::{leave_to_cookbook, Unsupported};
+use crate::py::forward_backward::{encode_forward_backward, TinkerParts};
 use crate::py::gc::GcPaused;
 use crate::py::pipeline;
 use crate::py::source::cookbook::Cookbook;
@@ -19,7 +20,6 @@ use crate::py::step::kl_sample_train::kl_sample_train;
 use crate::py::step::remove_mask::datum_without_mask;
 use crate::py::step::trajectory_metrics::{trajectory_metrics, Reading};
 use crate::py::step::usage::{rollout_counts, training_tokens};
-use crate::py::wire::{encode_forward_backward, TinkerParts};
 
 /// Adds every export to the native module: the one list of them.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -48,8 +48,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_training_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(py_datum_without_mask, m)?)?;
     m.add_function(wrap_pyfunction!(py_panic_probe, m)?)?;
-    m.add_function(wrap_pyfunction!(crate::py::sample_json::py_encode_sample_request, m)?)?;
-    m.add_function(wrap_pyfunction!(crate::py::sample_json::py_sample_prompt_key, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::py::sample::py_encode_sample_request, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::py::sample::py_sample_prompt_key, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::kl::py_kl_penalty, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::kl::py_post_kl_diffs, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::kl::py_full_sequence_inputs, m)?)?;
@@ -325,7 +325,7 @@ pub fn py_training_tokens(data: &Bound<'_, PyAny>) -> PyResult<i64> {
 
 /// `_remove_mask(datum)`: a new Datum with every field of `datum` but its
 /// `loss_fn_inputs`, a new dict without `"mask"`, as
-/// `dataclasses.replace` makes it, built directly (where `rows` found
+/// `dataclasses.replace` makes it, built directly (where `tinker_rl_data.rows` found
 /// tinker's layout: the caller's to check).
 #[pyfunction(name = "datum_without_mask")]
 pub fn py_datum_without_mask<'py>(datum: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {

@@ -15,11 +15,11 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyString};
 
-use crate::error::Location;
-use crate::metrics::Number;
+use crate::errors::Location;
 use crate::py::classes::Classes;
 pub use crate::py::errors::unsupported;
 use crate::py::read::{exact_float, exact_int, type_name, Items};
+use crate::step::Number;
 
 pub mod kl_sample_train;
 pub mod remove_mask;

@@ -6,10 +6,10 @@ use pyo3::types::{PyDict, PyFloat, PyString, PyTuple, PyType};
 use pyo3::{ffi, intern};
 
 use super::{number, sequence, sequence_of, type_name, unsupported, Counts};
-use crate::error::{Location, StepName};
-use crate::metrics::{summarize, GroupStats, KeyedSums, RewardSum, Summary};
+use crate::errors::{Location, StepName};
 use crate::py::classes::Classes;
 use crate::py::read::{Items, PairReader};
+use crate::step::{summarize, GroupStats, KeyedSums, RewardSum, Summary};
 
 /// Metric keys (exact strs) and the ids [`KeyedSums`] knows them by.
 struct MetricKeys<'py> {

@@ -4,7 +4,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 
 use super::{model_input_length, sequence, sequence_of, Counts};
-use crate::error::{Location, StepName};
+use crate::errors::{Location, StepName};
 use crate::py::classes::Classes;
 
 pub fn rollout_counts(groups: &Bound<'_, PyAny>, classes: &Classes<'_>) -> PyResult<(i64, i64, i64)> {
