@@ -277,10 +277,9 @@ def _penalty(
     if isinstance(lanes, str):
         return lanes
     gamma = discount if discount > 0 else None
+    summing = _core.TorchSum(lanes, _torch_sum)
     try:
-        return _core.kl_penalty(
-            data_D, scored, teacher=teacher, coef=coef, gamma=gamma, direct=direct(), summing=_core.TorchSum(lanes, _torch_sum)
-        )
+        return _core.kl_penalty(data_D, scored, teacher=teacher, coef=coef, gamma=gamma, direct=direct(), summing=summing)
     except _core.Unsupported as unsupported:
         return unsupported
 
