@@ -30,11 +30,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5)
     args = parser.parse_args()
 
-    from tinker_rl_data import _core, rows
+    from tinker_rl_data import _core
     from tinker_rl_data.cookbook import step as _step
 
     _, cb, taglist = cookbook_batch(args.workload)
-    call_args = (cb, taglist, rows.classes().inputs, _step._own_total_rewards(), _step._NUMPY_NUMBERS)
+    call_args = (cb, taglist, _step._own_total_rewards())
     times = []
     for _ in range(args.calls):
         t = time.perf_counter()

@@ -1,24 +1,26 @@
 //! tinker-rl-data's native core.
 //!
 //! Plain Rust, unit-tested with `cargo test`: `plan` (where rows begin and
-//! end), `rows` (the numeric core that writes a row's columns),
-//! `advantages`, `kl` (the cookbook's KL penalty arithmetic), `torch_sum` (torch's float32 `Tensor.sum()`), `metrics` (tinker-cookbook's per-step metrics), `error`,
-//! `wire` (tinker's request bytes), `sample_json` (its sample request's JSON),
+//! end), `fill` (the numeric core that writes a row's columns),
+//! `advantages`, `kl` (the cookbook's KL penalty arithmetic), `torch_sum`
+//! (torch's float32 `Tensor.sum()`), `step` (tinker-cookbook's per-step
+//! metrics), `errors`, `forward_backward` (tinker's request bytes),
+//! `sample` (its sample request's JSON),
 //! `pages` (huge pages for large outputs). The PyO3 glue is the `py` folder.
 
 pub mod advantages;
-pub mod error;
+pub mod errors;
+pub mod fill;
+#[cfg(test)]
+mod fill_fuzz;
+pub mod forward_backward;
 pub mod kl;
-pub mod metrics;
 pub mod pages;
 pub mod plan;
 mod py;
-pub mod rows;
-#[cfg(test)]
-mod rows_fuzz;
-pub mod sample_json;
+pub mod sample;
+pub mod step;
 pub mod torch_sum;
-pub mod wire;
 
 use pyo3::prelude::*;
 

@@ -2,7 +2,7 @@
 //! row per turn, or (merged) one row while each turn's prompt extends the
 //! sequence so far.
 //!
-//! Rows are made of *pieces*: runs of the trajectory's elements (tokens, or
+//! Rows are made of *segments*: runs of the trajectory's elements (tokens, or
 //! opaque non-text chunks, each one element) that are either context
 //! (prompt / observation) or a turn's completion.
 
@@ -115,18 +115,18 @@ pub struct TurnSpan {
 
 /// A run of elements within a row.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Piece {
+pub struct Segment {
     /// Into [`Trajectory::elements`].
     pub elements: Range<usize>,
     pub turn: usize,
     pub completion: bool,
 }
 
-/// One row: the sequence `S` its pieces spell out, and the turns it covers.
+/// One row: the sequence `S` its segments spell out, and the turns it covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Row {
-    /// Into [`Plan::pieces`].
-    pub pieces: Range<usize>,
+    /// Into [`Plan::segments`].
+    pub segments: Range<usize>,
     pub first_turn: usize,
     pub n_turns: usize,
     /// Elements in `S`.
@@ -138,17 +138,17 @@ pub struct Row {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Plan {
     pub rows: Vec<Row>,
-    pub pieces: Vec<Piece>,
+    pub segments: Vec<Segment>,
 }
 
 impl Plan {
     pub fn clear(&mut self) {
         self.rows.clear();
-        self.pieces.clear();
+        self.segments.clear();
     }
 
-    pub fn pieces_of(&self, row: &Row) -> &[Piece] {
-        &self.pieces[row.pieces.clone()]
+    pub fn segments_of(&self, row: &Row) -> &[Segment] {
+        &self.segments[row.segments.clone()]
     }
 }
 
@@ -180,7 +180,7 @@ pub fn plan_rows(trajectory: &Trajectory, merge: Merge, keep: Keep, plan: &mut P
                     && starts_with(
                         &trajectory.elements,
                         turn.prompt.clone(),
-                        &plan.pieces[row.first_piece..],
+                        &plan.segments[row.first_segment..],
                     )
             }
             _ => false,
@@ -192,7 +192,7 @@ pub fn plan_rows(trajectory: &Trajectory, merge: Merge, keep: Keep, plan: &mut P
             if let Some(row) = open.take() {
                 row.close(keep, plan);
             }
-            open = Some(Open::at(u, plan.pieces.len()));
+            open = Some(Open::at(u, plan.segments.len()));
             turn.prompt.clone()
         };
         let row = open.as_mut().expect("a row is open");
@@ -205,9 +205,9 @@ pub fn plan_rows(trajectory: &Trajectory, merge: Merge, keep: Keep, plan: &mut P
     }
 }
 
-/// A row being built: its pieces are `plan.pieces[first_piece..]`.
+/// A row being built: its segments are `plan.segments[first_segment..]`.
 struct Open {
-    first_piece: usize,
+    first_segment: usize,
     first_turn: usize,
     n_turns: usize,
     len: usize,
@@ -215,9 +215,9 @@ struct Open {
 }
 
 impl Open {
-    fn at(turn: usize, first_piece: usize) -> Self {
+    fn at(turn: usize, first_segment: usize) -> Self {
         Open {
-            first_piece,
+            first_segment,
             first_turn: turn,
             n_turns: 0,
             len: 0,
@@ -232,7 +232,7 @@ impl Open {
         // A completion element is a target unless it is the first of `S`.
         self.completion_target |= completion && (self.len > 0 || elements.len() > 1);
         self.len += elements.len();
-        plan.pieces.push(Piece {
+        plan.segments.push(Segment {
             elements,
             turn,
             completion,
@@ -246,24 +246,24 @@ impl Open {
         };
         if kept {
             plan.rows.push(Row {
-                pieces: self.first_piece..plan.pieces.len(),
+                segments: self.first_segment..plan.segments.len(),
                 first_turn: self.first_turn,
                 n_turns: self.n_turns,
                 len: self.len,
                 completion_target: self.completion_target,
             });
         } else {
-            plan.pieces.truncate(self.first_piece);
+            plan.segments.truncate(self.first_segment);
         }
     }
 }
 
-/// Whether `elements[prompt]` starts with the sequence `pieces` spell out.
-fn starts_with(elements: &[Element], prompt: Range<usize>, pieces: &[Piece]) -> bool {
+/// Whether `elements[prompt]` starts with the sequence `segments` spell out.
+fn starts_with(elements: &[Element], prompt: Range<usize>, segments: &[Segment]) -> bool {
     let prompt = &elements[prompt];
     let mut at = 0;
-    for piece in pieces {
-        let part = &elements[piece.elements.clone()];
+    for segment in segments {
+        let part = &elements[segment.elements.clone()];
         match prompt.get(at..at + part.len()) {
             Some(p) if p == part => at += part.len(),
             _ => return false,
@@ -335,7 +335,7 @@ mod tests {
             .iter()
             .map(|row| {
                 let s = plan
-                    .pieces_of(row)
+                    .segments_of(row)
                     .iter()
                     .flat_map(|p| t.elements[p.elements.clone()].iter().map(|e| e.target()))
                     .collect();
@@ -368,8 +368,8 @@ mod tests {
             sequences(&t, &plan),
             vec![(vec![1, 2, 3, 9, 4, 5], 0, 2), (vec![1, 2, 3, 9, 4, 6, 7, 8], 2, 2)]
         );
-        let completions: Vec<bool> = plan.pieces.iter().map(|p| p.completion).collect();
-        // Turn 3's prompt is exactly the sequence so far: no new context piece.
+        let completions: Vec<bool> = plan.segments.iter().map(|p| p.completion).collect();
+        // Turn 3's prompt is exactly the sequence so far: no new context segment.
         assert_eq!(completions, vec![false, true, false, true, false, true, true]);
     }
 
@@ -379,7 +379,7 @@ mod tests {
         let t = trajectory(&[(&[], &[5]), (&[5, 6], &[])]);
         let mut plan = Plan::default();
         plan_rows(&t, Merge::WhilePromptExtends, Keep::WithCompletionTarget, &mut plan);
-        assert!(plan.rows.is_empty() && plan.pieces.is_empty());
+        assert!(plan.rows.is_empty() && plan.segments.is_empty());
         plan_rows(&t, Merge::WhilePromptExtends, Keep::NonEmpty, &mut plan);
         assert_eq!(sequences(&t, &plan), vec![(vec![5, 6], 0, 2)]);
     }

@@ -11,6 +11,8 @@ __all__ = [
     "Fitted",
     "BuiltDatums",
     "Rows",
+    "TorchSum",
+    "bind_classes",
     "compute_advantages",
     "reward_metrics",
     "varied_reward_groups",
@@ -84,13 +86,23 @@ def compute_advantages(
 def reward_metrics(groups: Any) -> tuple[float, float, int, int] | None: ...
 def varied_reward_groups(groups: Any) -> list[int]: ...
 def assemble_arrays(groups: Any, advantages: Any, merge_turns: bool, vocab_size: int | None) -> Rows: ...
-# (Datum, ModelInput, EncodedTextChunk, TensorData, PromptProvenanceSpan, SampledProvenanceSpan)
-_Classes = tuple[type, type, type, type, type, type]
 
+# tinker's classes (rust/py/classes.rs): bound by tinker_rl_data.rows.classes(),
+# read from the binding by every call below that reads or builds tinker's objects.
+def bind_classes(
+    *,
+    datum: type,
+    model_input: type,
+    text_chunk: type,
+    tensor_data: type,
+    prompt_span: type,
+    sampled_span: type,
+    sample_response: type,
+) -> None: ...
 def assemble_datums(
     groups: Any,
     advantages: Any,
-    classes: _Classes,
+    *,
     metadata_class: type,
     merge_turns: bool,
     vocab_size: int | None,
@@ -98,11 +110,7 @@ def assemble_datums(
     direct: bool,
 ) -> BuiltDatums: ...
 def assemble_cookbook(
-    groups: Any,
-    advantages: Any,
-    classes: _Classes,
-    provenance: bool,
-    direct: bool,
+    groups: Any, advantages: Any, *, provenance: bool, direct: bool
 ) -> tuple[list[Any], list[dict[str, int]]]: ...
 def encode_forward_backward(request: Any, forward_only: Any, parts: Any) -> bytes: ...
 def _panic_probe() -> None: ...
@@ -118,41 +126,38 @@ class Unsupported(Exception):
     tinker-cookbook's own function instead."""
 
 def kl_sample_train(
-    data: Any, training_logprobs: Any, tensor_data: type | None, torch_tensor: type | None
+    data: Any, training_logprobs: Any, *, direct: bool, torch_tensor: type | None
 ) -> tuple[float, float, float]: ...
-def trajectory_metrics(
-    groups: Any,
-    taglists: Any,
-    input_classes: tuple[type, type],
-    own_total_rewards: Any,
-    numpy_numbers: tuple[type, ...],
-) -> dict[str, Any]: ...
-def rollout_counts(groups: Any, input_classes: tuple[type, type]) -> tuple[int, int, int]: ...
-def training_tokens(data: Any, input_classes: tuple[type, type]) -> int: ...
-def datum_without_mask(datum: Any, classes: tuple[type, type, type, type]) -> Any: ...
+def trajectory_metrics(groups: Any, taglists: Any, own_total_rewards: Any) -> dict[str, Any]: ...
+def rollout_counts(groups: Any) -> tuple[int, int, int]: ...
+def training_tokens(data: Any) -> int: ...
+def datum_without_mask(datum: Any) -> Any: ...
 
-# tinker's sample request JSON (rust/py/sample_json.rs, python/tinker_rl_data/tinker/sample.py):
+# tinker's sample request JSON (rust/py/sample.rs, python/tinker_rl_data/tinker/sample.py):
 # None when the request is not the core's to write.
 
 def encode_sample_request(request: Any, parts: Any) -> bytes | None: ...
 def sample_prompt_key(prompt: Any, sampling_params: Any, parts: Any) -> bytes | None: ...
 # tinker-cookbook's KL penalty passes (rust/py/kl.rs, python/tinker_rl_data/cookbook/kl.py).
 
-_KlClasses = tuple[type, type, type, type, type]
+@final
+class TorchSum:
+    """How torch sums a float32 tensor here: ``lanes`` floats per vector,
+    and ``torch(array, contiguous)``, torch's own sum, for long tensors."""
+
+    def __new__(cls, lanes: int, torch: Callable[[npt.NDArray[np.float32], bool], float]) -> TorchSum: ...
 
 def kl_penalty(
     data: Any,
     scored: Any,
-    responses: bool,
+    *,
     teacher: bool,
     coef: Any,
     gamma: Any,
-    classes: _KlClasses,
     direct: bool,
-    lanes: int,
-    torch_sum: Callable[[npt.NDArray[np.float32], bool], float],
+    summing: TorchSum,
 ) -> tuple[float, list[float], list[float]]: ...
-def post_kl_diffs(data: Any, scored: Any, classes: _KlClasses) -> npt.NDArray[np.float32]: ...
-def full_sequence_inputs(data: Any, classes: _KlClasses, direct: bool) -> list[Any]: ...
+def post_kl_diffs(data: Any, scored: Any) -> npt.NDArray[np.float32]: ...
+def full_sequence_inputs(data: Any, *, direct: bool) -> list[Any]: ...
 def discounted_future_sum(x: npt.NDArray[Any], gamma: float) -> npt.NDArray[Any]: ...
 def torch_sum(x: npt.NDArray[np.float32], lanes: int, contiguous: bool) -> float | None: ...

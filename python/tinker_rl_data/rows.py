@@ -1,7 +1,7 @@
 """Building the output rows for both front doors (the evsys API and
 ``tinker_rl_data.cookbook``): real ``tinker.Datum`` objects and their
-metadata; and tinker's classes, resolved once (:func:`classes`) and handed
-to the core from there.
+metadata; and tinker's classes, resolved once (:func:`classes`) and bound
+into the core from there (every native call reads them from the binding).
 
 tinker's public constructors cost about 9 us per Datum plus 20-30 ns per
 token of pydantic validation, more than the whole numeric work. The rows
@@ -38,8 +38,7 @@ class _NoSpanClass:
 
 @dataclass(frozen=True)
 class TinkerClasses:
-    """tinker's classes the package reads and builds, and the tuples of them
-    each native call takes."""
+    """tinker's classes the package reads and builds."""
 
     datum: type
     model_input: type
@@ -49,19 +48,13 @@ class TinkerClasses:
     spans: tuple[type, type] | None
     sample_response: type
     sampling_params: type
-    #: The row builders' (Datum, ModelInput, EncodedTextChunk, TensorData, PromptSpan, SampledSpan).
-    rows: tuple[type, type, type, type, type, type]
-    #: The readers' (ModelInput, EncodedTextChunk).
-    inputs: tuple[type, type]
-    #: The KL passes' (Datum, ModelInput, EncodedTextChunk, TensorData, SampleResponse).
-    scoring: tuple[type, type, type, type, type]
-    #: The Datum rebuilders' (Datum, TensorData, PromptSpan, SampledSpan).
-    datum_parts: tuple[type, type, type, type]
 
 
 @functools.cache
 def classes() -> TinkerClasses:
-    """tinker's classes, imported once."""
+    """tinker's classes, imported once and bound into the core (again
+    whenever they are resolved again: after ``classes.cache_clear()``, the
+    core reads the new ones)."""
     import tinker
     from tinker.types import EncodedTextChunk
 
@@ -71,6 +64,15 @@ def classes() -> TinkerClasses:
         else None
     )
     prompt_span, sampled_span = spans or (_NoSpanClass, _NoSpanClass)
+    _core.bind_classes(
+        datum=tinker.Datum,
+        model_input=tinker.ModelInput,
+        text_chunk=EncodedTextChunk,
+        tensor_data=tinker.TensorData,
+        prompt_span=prompt_span,
+        sampled_span=sampled_span,
+        sample_response=tinker.SampleResponse,
+    )
     return TinkerClasses(
         datum=tinker.Datum,
         model_input=tinker.ModelInput,
@@ -79,10 +81,6 @@ def classes() -> TinkerClasses:
         spans=spans,
         sample_response=tinker.SampleResponse,
         sampling_params=tinker.SamplingParams,
-        rows=(tinker.Datum, tinker.ModelInput, EncodedTextChunk, tinker.TensorData, prompt_span, sampled_span),
-        inputs=(tinker.ModelInput, EncodedTextChunk),
-        scoring=(tinker.Datum, tinker.ModelInput, EncodedTextChunk, tinker.TensorData, tinker.SampleResponse),
-        datum_parts=(tinker.Datum, tinker.TensorData, prompt_span, sampled_span),
     )
 
 
@@ -98,14 +96,20 @@ def _evsys(
     # collection due for the new objects runs at the caller's next
     # allocation: returned as it is, with no tuple made here.
     return _core.assemble_datums(
-        groups, advantages, classes().rows, DatumMetadata, merge_turns, vocab_size, numpy_tokens, direct
+        groups,
+        advantages,
+        metadata_class=DatumMetadata,
+        merge_turns=merge_turns,
+        vocab_size=vocab_size,
+        numpy_tokens=numpy_tokens,
+        direct=direct,
     )
 
 
 def _cookbook(groups: Sequence[Any], advantages: Any, provenance: bool, direct: bool) -> tuple[list[Any], list[Any]]:
     if provenance and classes().spans is None:
         raise RuntimeError("this tinker has no provenance span classes: call with include_provenance=False")
-    return _core.assemble_cookbook(groups, advantages, classes().rows, provenance, direct)
+    return _core.assemble_cookbook(groups, advantages, provenance=provenance, direct=direct)
 
 
 def same_datum(a: Any, b: Any) -> bool:
@@ -199,7 +203,7 @@ def _cookbook_probe_batch() -> list[Any]:
     from tinker.types import ImageChunk
 
     c = classes()
-    ModelInput, EncodedTextChunk = c.inputs
+    ModelInput, EncodedTextChunk = c.model_input, c.text_chunk
     image = ImageChunk(data=b"probe", format="png", expected_tokens=2)
     first = _Probe(
         ob=ModelInput(chunks=[EncodedTextChunk(tokens=[1, 2]), image, EncodedTextChunk(tokens=[3])]),
@@ -221,7 +225,7 @@ def _all_frozen(c: TinkerClasses) -> bool:
     frozen_dataclasses = all(
         is_dataclass(k) and getattr(k, "__dataclass_params__").frozen for k in [c.datum, c.tensor_data, *(c.spans or ())]
     )
-    return frozen_dataclasses and all(getattr(m, "model_config", {}).get("frozen") is True for m in c.inputs)
+    return frozen_dataclasses and all(getattr(m, "model_config", {}).get("frozen") is True for m in (c.model_input, c.text_chunk))
 
 
 def _direct_path_check() -> str | None:

@@ -11,8 +11,8 @@ use pyo3::prelude::*;
 use pyo3::PyErr;
 use pyo3::PyResult;
 
-use crate::error::{ErrorKind, InputError};
-use crate::rows::Unfilled;
+use crate::errors::{ErrorKind, InputError};
+use crate::fill::Unfilled;
 
 create_exception!(
     _core,

@@ -7,19 +7,19 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple, PyType};
 
 use crate::advantages::{extend_group_advantages, is_constant, reward_stats, AdvantageRule, Baseline};
-use crate::py::build::{Builder, ClassTuple};
+use crate::py::build::Builder;
+use crate::py::classes::Classes;
 use crate::py::errors::guarded;
 use crate::py::errors::{leave_to_cookbook, Unsupported};
+use crate::py::forward_backward::{encode_forward_backward, TinkerParts};
 use crate::py::gc::GcPaused;
 use crate::py::pipeline;
 use crate::py::source::cookbook::Cookbook;
 use crate::py::source::evsys::{read_rewards, Evsys, FitReport, Options};
 use crate::py::step::kl_sample_train::kl_sample_train;
-use crate::py::step::remove_mask::{datum_without_mask, DatumClasses};
+use crate::py::step::remove_mask::datum_without_mask;
 use crate::py::step::trajectory_metrics::{trajectory_metrics, Reading};
 use crate::py::step::usage::{rollout_counts, training_tokens};
-use crate::py::step::InputClasses;
-use crate::py::wire::{encode_forward_backward, TinkerParts};
 
 /// Adds every export to the native module: the one list of them.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -33,6 +33,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Fitted>()?;
     m.add_class::<BuiltDatums>()?;
     m.add_class::<Rows>()?;
+    m.add_class::<crate::py::kl::TorchSum>()?;
+    m.add_function(wrap_pyfunction!(crate::py::classes::py_bind_classes, m)?)?;
     m.add_function(wrap_pyfunction!(py_compute_advantages, m)?)?;
     m.add_function(wrap_pyfunction!(py_reward_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(py_varied_reward_groups, m)?)?;
@@ -46,8 +48,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_training_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(py_datum_without_mask, m)?)?;
     m.add_function(wrap_pyfunction!(py_panic_probe, m)?)?;
-    m.add_function(wrap_pyfunction!(crate::py::sample_json::py_encode_sample_request, m)?)?;
-    m.add_function(wrap_pyfunction!(crate::py::sample_json::py_sample_prompt_key, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::py::sample::py_encode_sample_request, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::py::sample::py_sample_prompt_key, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::kl::py_kl_penalty, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::kl::py_post_kl_diffs, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::kl::py_full_sequence_inputs, m)?)?;
@@ -196,11 +198,10 @@ pub fn py_assemble_arrays(
 /// objects are due, and that is then the caller's next allocation, not one
 /// of ours (the Python wrapper returns `result` without making another).
 #[pyfunction(name = "assemble_datums")]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (groups, advantages, *, metadata_class, merge_turns, vocab_size, numpy_tokens, direct))]
 pub fn py_assemble_datums<'py>(
     groups: &Bound<'py, PyAny>,
     advantages: &Bound<'py, PyAny>,
-    classes: ClassTuple<'py>,
     metadata_class: Bound<'py, PyType>,
     merge_turns: bool,
     vocab_size: Option<i64>,
@@ -209,11 +210,9 @@ pub fn py_assemble_datums<'py>(
 ) -> PyResult<Bound<'py, BuiltDatums>> {
     guarded(|| {
         let py = groups.py();
+        let classes = Classes::get(py)?;
         let _gc = GcPaused::new(py);
-        let builder = Builder {
-            classes: classes.into(),
-            direct,
-        };
+        let builder = Builder { classes, direct };
         let options = Options::new(merge_turns, vocab_size, numpy_tokens);
         let mut door = Evsys::open(groups, advantages, options, Some(metadata_class))?;
         let (datums, metadata) = pipeline::datums(&mut door, &builder)?;
@@ -230,21 +229,19 @@ pub fn py_assemble_datums<'py>(
 /// `provenance`; built as `assemble_datums` builds them. The GC stays
 /// paused until the tuple exists, as in `py_assemble_datums`.
 #[pyfunction(name = "assemble_cookbook")]
+#[pyo3(signature = (groups, advantages, *, provenance, direct))]
 pub fn py_assemble_cookbook<'py>(
     groups: &Bound<'py, PyAny>,
     advantages: &Bound<'py, PyAny>,
-    classes: ClassTuple<'py>,
     provenance: bool,
     direct: bool,
 ) -> PyResult<Bound<'py, PyTuple>> {
     guarded(|| {
         let py = groups.py();
+        let classes = Classes::get(py)?;
         let _gc = GcPaused::new(py);
-        let builder = Builder {
-            classes: classes.into(),
-            direct,
-        };
-        let text_chunk = builder.classes.chunk.clone().into_any();
+        let builder = Builder { classes, direct };
+        let text_chunk = builder.classes.text_chunk.clone().into_any();
         let mut door = Cookbook::open(groups, advantages, text_chunk, provenance)?;
         let (datums, metadata) = pipeline::datums(&mut door, &builder)?;
         PyTuple::new(py, [datums.into_any(), metadata.into_any()])
@@ -267,63 +264,75 @@ pub fn py_encode_forward_backward<'py>(
 // cookbook's own function.
 
 /// `compute_kl_sample_train`'s `(v1, v2, entropy)`, in one pass over the
-/// Datums' buffers. `tensor_data`: tinker's class, when its fields may be
-/// read directly; `torch_tensor`: `torch.Tensor` (`None` without torch).
+/// Datums' buffers. `direct`: tinker's `TensorData` fields may be read
+/// directly; `torch_tensor`: `torch.Tensor` (`None` without torch).
 #[pyfunction(name = "kl_sample_train")]
+#[pyo3(signature = (data, training_logprobs, *, direct, torch_tensor))]
 pub fn py_kl_sample_train<'py>(
     data: &Bound<'py, PyAny>,
     training_logprobs: &Bound<'py, PyAny>,
-    tensor_data: Option<Bound<'py, PyType>>,
+    direct: bool,
     torch_tensor: Option<Bound<'py, PyType>>,
 ) -> PyResult<(f64, f64, f64)> {
     guarded(|| {
+        let tensor_data = if direct {
+            Some(Classes::get(data.py())?.tensor_data)
+        } else {
+            None
+        };
         kl_sample_train(data, training_logprobs, tensor_data.as_ref(), torch_tensor.as_ref())
             .map_err(|e| leave_to_cookbook(data.py(), e))
     })
 }
 
 /// `compute_trajectory_metrics(trajectory_groups_P, taglist_P)`: the
-/// groups read once, summed per tag and for all.
+/// groups read once, summed per tag and for all. `own_total_rewards`: the
+/// cookbook's `TrajectoryGroup.get_total_rewards`, as its module holds it.
 #[pyfunction(name = "trajectory_metrics")]
 pub fn py_trajectory_metrics<'py>(
     groups: &Bound<'py, PyAny>,
     taglists: &Bound<'py, PyAny>,
-    input_classes: InputClasses<'py>,
     own_total_rewards: Option<Bound<'py, PyAny>>,
-    numpy_numbers: Bound<'py, PyTuple>,
 ) -> PyResult<Bound<'py, PyDict>> {
     guarded(|| {
+        let py = groups.py();
         let reading = Reading {
-            classes: &input_classes,
+            classes: &Classes::get(py)?,
             own_total_rewards: own_total_rewards.as_ref(),
-            numpy_numbers: &numpy_numbers,
+            numpy_numbers: crate::py::classes::numpy_numbers(py)?,
         };
-        trajectory_metrics(groups, taglists, &reading).map_err(|e| leave_to_cookbook(groups.py(), e))
+        trajectory_metrics(groups, taglists, &reading).map_err(|e| leave_to_cookbook(py, e))
     })
 }
 
 /// `rollout_usage`'s counts: `(sampled, prefill_cached, prompt tokens)`.
 #[pyfunction(name = "rollout_counts")]
-pub fn py_rollout_counts(groups: &Bound<'_, PyAny>, input_classes: InputClasses<'_>) -> PyResult<(i64, i64, i64)> {
-    guarded(|| rollout_counts(groups, &input_classes).map_err(|e| leave_to_cookbook(groups.py(), e)))
+pub fn py_rollout_counts(groups: &Bound<'_, PyAny>) -> PyResult<(i64, i64, i64)> {
+    guarded(|| {
+        let classes = Classes::get(groups.py())?;
+        rollout_counts(groups, &classes).map_err(|e| leave_to_cookbook(groups.py(), e))
+    })
 }
 
 /// `training_usage`'s count: the model-input tokens of the Datums.
 #[pyfunction(name = "training_tokens")]
-pub fn py_training_tokens(data: &Bound<'_, PyAny>, input_classes: InputClasses<'_>) -> PyResult<i64> {
-    guarded(|| training_tokens(data, &input_classes).map_err(|e| leave_to_cookbook(data.py(), e)))
+pub fn py_training_tokens(data: &Bound<'_, PyAny>) -> PyResult<i64> {
+    guarded(|| {
+        let classes = Classes::get(data.py())?;
+        training_tokens(data, &classes).map_err(|e| leave_to_cookbook(data.py(), e))
+    })
 }
 
 /// `_remove_mask(datum)`: a new Datum with every field of `datum` but its
 /// `loss_fn_inputs`, a new dict without `"mask"`, as
-/// `dataclasses.replace` makes it, built directly (`classes` are tinker's,
-/// whose layout `_build` checked).
+/// `dataclasses.replace` makes it, built directly (where `tinker_rl_data.rows` found
+/// tinker's layout: the caller's to check).
 #[pyfunction(name = "datum_without_mask")]
-pub fn py_datum_without_mask<'py>(
-    datum: &Bound<'py, PyAny>,
-    classes: DatumClasses<'py>,
-) -> PyResult<Bound<'py, PyAny>> {
-    guarded(|| datum_without_mask(datum, &classes).map_err(|e| leave_to_cookbook(datum.py(), e)))
+pub fn py_datum_without_mask<'py>(datum: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    guarded(|| {
+        let classes = Classes::get(datum.py())?;
+        datum_without_mask(datum, &classes).map_err(|e| leave_to_cookbook(datum.py(), e))
+    })
 }
 
 /// Panics on purpose, so a test can show a panic surfaces as an exception.

@@ -20,6 +20,7 @@ use crate::kl::{
     add_penalties, discounted_future_sum, masked_diff, post_diff, DiffSums, Penalty, PenaltyRow, Recurrence,
 };
 use crate::py::build::{direct, Column, Unwritten};
+use crate::py::classes::Classes;
 use crate::py::errors::guarded;
 use crate::py::errors::{leave_to_cookbook, unsupported};
 use crate::py::gc::GcPaused;
@@ -27,15 +28,6 @@ use crate::py::read::numbers::{Kind, Numbers, Slice, Value};
 use crate::py::read::{exact_float, exact_int, type_name};
 use crate::py::step::sequence;
 use crate::torch_sum::{torch_sum, LANES};
-
-/// `(Datum, ModelInput, EncodedTextChunk, TensorData, SampleResponse)`.
-pub type KlClasses<'py> = (
-    Bound<'py, PyType>,
-    Bound<'py, PyType>,
-    Bound<'py, PyType>,
-    Bound<'py, PyType>,
-    Bound<'py, PyType>,
-);
 
 /// One float input of a Datum (a loss input, or its scored logprobs), held
 /// from when it is found until it is read: an array is looked at only in
@@ -290,10 +282,10 @@ fn find_all<'py>(
     scored: &Bound<'py, PyAny>,
     responses: bool,
     advantages: bool,
-    classes: &KlClasses<'py>,
+    classes: &Classes<'py>,
 ) -> PyResult<Vec<Found<'py>>> {
     let py = data.py();
-    let (datum_class, _, _, tensor_data, response_class) = classes;
+    let (datum_class, tensor_data, response_class) = (&classes.datum, &classes.tensor_data, &classes.sample_response);
     let data = sequence(data, "data_D")?;
     let scored = sequence(scored, "scored logprobs")?;
     if data.len() != scored.len() {
@@ -356,24 +348,33 @@ fn scalar(value: &Bound<'_, PyAny>, what: &str) -> PyResult<f32> {
     }
 }
 
-/// How torch sums a float32 tensor here: `lanes` floats per vector, and
-/// `torch(array, contiguous) -> float`, torch's own sum, for a tensor of
-/// `GRAIN_SIZE` elements or more (its split depends on torch's threads).
-struct Summing<'a, 'py> {
+/// How torch sums a float32 tensor here (`cookbook/kl.py` finds it once):
+/// `lanes` floats per vector, and `torch(array, contiguous) -> float`,
+/// torch's own sum, for a tensor of `GRAIN_SIZE` elements or more (its
+/// split depends on torch's threads).
+#[pyclass(frozen, module = "tinker_rl_data._core")]
+pub struct TorchSum {
     lanes: usize,
-    torch: &'a Bound<'py, PyAny>,
+    torch: Py<PyAny>,
 }
 
-impl Summing<'_, '_> {
+#[pymethods]
+impl TorchSum {
+    #[new]
+    fn new(lanes: usize, torch: Py<PyAny>) -> Self {
+        TorchSum { lanes, torch }
+    }
+}
+
+impl TorchSum {
     /// torch's `Tensor.sum()` of `values` (as a contiguous tensor, or as a
     /// strided one).
-    fn sum(&self, values: &[f32], contiguous: bool) -> PyResult<f32> {
+    fn sum(&self, py: Python<'_>, values: &[f32], contiguous: bool) -> PyResult<f32> {
         if let Some(sum) = torch_sum(values, self.lanes, contiguous) {
             return Ok(sum);
         }
-        let py = self.torch.py();
         let array = PyArray1::from_slice(py, values);
-        let sum = self.torch.call1((array, contiguous))?;
+        let sum = self.torch.bind(py).call1((array, contiguous))?;
         // A float32 value as a Python float: exact.
         exact_float(&sum)
             .map(|v| v as f32)
@@ -384,26 +385,25 @@ impl Summing<'_, '_> {
 /// The penalized advantages of every Datum (written back, each a new
 /// float32 `TensorData`); the cookbook's float32 batch mean of the masked
 /// differences, and their float32 sums and the mask sums per Datum.
-/// `teacher`: distillation's penalty, else `rl.metrics`'s. `gamma`: the
-/// discount, when `kl_discount_factor > 0`.
+/// `teacher`: distillation's penalty, `scored` being each teacher's
+/// logprobs; else `rl.metrics`'s, `scored` being the base model's
+/// responses. `gamma`: the discount, when `kl_discount_factor > 0`.
 ///
 /// Each Datum's four inputs are read once, in one pass where no Python
 /// code runs: its advantages into its new array, its masked differences
 /// and its mask into one scratch buffer for the whole batch (the penalty
 /// needs the batch mean of all Datums before it can be added).
-#[allow(clippy::too_many_arguments)]
 fn penalize(
     data: &Bound<'_, PyAny>,
     scored: &Bound<'_, PyAny>,
-    responses: bool,
     teacher: bool,
     coef: &Bound<'_, PyAny>,
     gamma: Option<&Bound<'_, PyAny>>,
-    classes: &KlClasses<'_>,
     direct_build: bool,
-    summing: &Summing<'_, '_>,
+    summing: &TorchSum,
 ) -> PyResult<(f32, Vec<f32>, Vec<f32>)> {
     let py = data.py();
+    let classes = Classes::get(py)?;
     if !LANES.contains(&summing.lanes) {
         return Err(unsupported(format!(
             "torch's sum with {} lanes is not reproduced",
@@ -413,7 +413,7 @@ fn penalize(
     let coef = scalar(coef, "kl_penalty_coef")?;
     let gamma = gamma.map(|g| scalar(g, "kl_discount_factor")).transpose()?;
     let paused = GcPaused::new(py);
-    let found = find_all(data, scored, responses, true, classes)?;
+    let found = find_all(data, scored, !teacher, true, &classes)?;
     if found.is_empty() {
         return Err(unsupported("no Datums (the cookbook divides 0 by 0)".into()));
     }
@@ -442,7 +442,7 @@ fn penalize(
     let mut sums = DiffSums::default();
     let (mut diff_sums, mut mask_sums) = (Vec::with_capacity(found.len()), Vec::with_capacity(found.len()));
     for ((diffs, mask), &contiguous) in per_datum(&scratch, &found).zip(&contiguous_masks) {
-        let (diff, mask) = (summing.sum(diffs, true)?, summing.sum(mask, contiguous)?);
+        let (diff, mask) = (summing.sum(py, diffs, true)?, summing.sum(py, mask, contiguous)?);
         sums.add(diff, mask);
         diff_sums.push(diff);
         mask_sums.push(mask);
@@ -464,7 +464,7 @@ fn penalize(
     add_penalties(&mut rows, penalty, gamma);
     drop(rows);
     drop(paused);
-    let (_, _, _, tensor_data, _) = classes;
+    let tensor_data = &classes.tensor_data;
     let float32 = intern!(py, "float32");
     for (f, column) in found.iter().zip(columns) {
         let array = column.into_array().into_any();
@@ -490,40 +490,22 @@ fn per_datum<'s>(scratch: &'s [f32], found: &'s [Found<'_>]) -> impl Iterator<It
 }
 
 /// `incorporate_kl_penalty`'s pass after the scoring calls (see
-/// [`penalize`]); `lanes` and `torch_sum` say how torch sums (see
-/// [`Summing`]). Unsupported input is left unwritten.
+/// [`penalize`]); `summing`: how torch sums here. Unsupported input is
+/// left unwritten.
 #[pyfunction(name = "kl_penalty")]
-#[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (data, scored, responses, teacher, coef, gamma, classes, direct, lanes, torch_sum))]
+#[pyo3(signature = (data, scored, *, teacher, coef, gamma, direct, summing))]
 pub fn py_kl_penalty<'py>(
     data: &Bound<'py, PyAny>,
     scored: &Bound<'py, PyAny>,
-    responses: bool,
     teacher: bool,
     coef: &Bound<'py, PyAny>,
     gamma: Option<Bound<'py, PyAny>>,
-    classes: KlClasses<'py>,
     direct: bool,
-    lanes: usize,
-    torch_sum: &Bound<'py, PyAny>,
+    summing: &Bound<'py, TorchSum>,
 ) -> PyResult<(f32, Vec<f32>, Vec<f32>)> {
     guarded(|| {
-        let summing = Summing {
-            lanes,
-            torch: torch_sum,
-        };
-        penalize(
-            data,
-            scored,
-            responses,
-            teacher,
-            coef,
-            gamma.as_ref(),
-            &classes,
-            direct,
-            &summing,
-        )
-        .map_err(|e| leave_to_cookbook(data.py(), e))
+        penalize(data, scored, teacher, coef, gamma.as_ref(), direct, summing.get())
+            .map_err(|e| leave_to_cookbook(data.py(), e))
     })
 }
 
@@ -550,11 +532,11 @@ pub fn py_torch_sum(x: &Bound<'_, PyAny>, lanes: usize, contiguous: bool) -> PyR
 pub fn py_post_kl_diffs<'py>(
     data: &Bound<'py, PyAny>,
     scored: &Bound<'py, PyAny>,
-    classes: KlClasses<'py>,
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
     guarded(|| {
         let run = || {
             let py = data.py();
+            let classes = Classes::get(py)?;
             let _paused = GcPaused::new(py);
             let found = find_all(data, scored, true, false, &classes)?;
             if found.is_empty() {
@@ -578,21 +560,20 @@ pub fn py_post_kl_diffs<'py>(
 /// token appended, as `ModelInput.append_int` makes it (built directly
 /// when `direct`, else by `append_int` itself).
 #[pyfunction(name = "full_sequence_inputs")]
-pub fn py_full_sequence_inputs<'py>(
-    data: &Bound<'py, PyAny>,
-    classes: KlClasses<'py>,
-    direct: bool,
-) -> PyResult<Bound<'py, PyList>> {
-    guarded(|| full_sequence_inputs(data, &classes, direct).map_err(|e| leave_to_cookbook(data.py(), e)))
+#[pyo3(signature = (data, *, direct))]
+pub fn py_full_sequence_inputs<'py>(data: &Bound<'py, PyAny>, direct: bool) -> PyResult<Bound<'py, PyList>> {
+    guarded(|| full_sequence_inputs(data, direct).map_err(|e| leave_to_cookbook(data.py(), e)))
 }
 
-fn full_sequence_inputs<'py>(
-    data: &Bound<'py, PyAny>,
-    classes: &KlClasses<'py>,
-    direct_build: bool,
-) -> PyResult<Bound<'py, PyList>> {
+fn full_sequence_inputs<'py>(data: &Bound<'py, PyAny>, direct_build: bool) -> PyResult<Bound<'py, PyList>> {
     let py = data.py();
-    let (datum_class, model_input_class, chunk_class, tensor_data, _) = classes;
+    let classes = Classes::get(py)?;
+    let (datum_class, model_input_class, chunk_class, tensor_data) = (
+        &classes.datum,
+        &classes.model_input,
+        &classes.text_chunk,
+        &classes.tensor_data,
+    );
     // Four new objects per Datum: without the pause, young collections
     // would walk them again and again.
     let _paused = GcPaused::new(py);

@@ -1,6 +1,6 @@
 //! The one pipeline behind every exported assembly function, whatever the
 //! front door (`source`): read a trajectory -> plan its rows (`plan.rs`)
-//! -> fill each row's columns straight into its own arrays (`rows.rs`) ->
+//! -> fill each row's columns straight into its own arrays (`fill.rs`) ->
 //! build tinker's objects (`build`). Pending signals (Ctrl-C) are checked
 //! before each trajectory and every [`SIGNAL_CHECK_ROWS`] Datums built.
 
@@ -10,11 +10,11 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use crate::error::Location;
-use crate::plan::{plan_rows, Element, ElementKind, Piece, Plan, Row};
+use crate::errors::Location;
+use crate::fill::{fill_row, Inputs, RowOut};
+use crate::plan::{plan_rows, Element, ElementKind, Plan, Row, Segment};
 use crate::py::build::{Builder, ChunkOut, FilledRow, ModelInputOut, RowColumns, RowMeta, Unwritten};
 use crate::py::source::{element_span, FrontDoor, RowView, TrajectoryIn};
-use crate::rows::{fill_row, Inputs, RowOut};
 
 /// How often (in rows built) pending signals are checked while building.
 pub const SIGNAL_CHECK_ROWS: usize = 256;
@@ -80,16 +80,16 @@ fn filled_row<'py, D: FrontDoor<'py>>(
 ) -> PyResult<FilledRow<'py>> {
     let rule = door.rule();
     let row = &plan.rows[r];
-    let planned = plan.pieces_of(row);
+    let planned = plan.segments_of(row);
     let (stripped, zero_width);
-    let (pieces, row) = if traj.has_zero_width {
+    let (segments, row) = if traj.has_zero_width {
         (stripped, zero_width) = without_zero_width(planned, &traj.plain.elements);
         // Position 0 is no target: a completion that a zero-width chunk put
         // after it in the plan may now start the row.
         let (mut len, mut completion_target) = (0, false);
-        for piece in &stripped {
-            completion_target |= piece.completion && (len > 0 || piece.elements.len() > 1);
-            len += piece.elements.len();
+        for segment in &stripped {
+            completion_target |= segment.completion && (len > 0 || segment.elements.len() > 1);
+            len += segment.elements.len();
         }
         (
             &stripped[..],
@@ -106,7 +106,7 @@ fn filled_row<'py, D: FrontDoor<'py>>(
     let place = traj.place;
     let view = RowView {
         row,
-        pieces,
+        segments,
         planned,
         since,
         location: Location::turn(place.group, place.trajectory, row.first_turn),
@@ -114,14 +114,14 @@ fn filled_row<'py, D: FrontDoor<'py>>(
     let provenance = door.check_row(traj, &view)?;
     let n = row.len - 1;
     let mut columns = RowColumns::new(py, n, rule.int32_inputs, rule.mask).fill(
-        pieces,
+        segments,
         &traj.plain.elements,
         &traj.logprobs,
         |turn| door.weights(traj, turn),
     )?;
     let model_input = match columns.inputs.take() {
         Some(tokens) => ModelInputOut::Tokens(tokens.into_read_only().into_any()),
-        None => input_chunks(py, traj, pieces, &zero_width, n)?,
+        None => input_chunks(py, traj, segments, &zero_width, n)?,
     };
     let loss_inputs = door.loss_inputs(&view, columns)?;
     Ok(FilledRow {
@@ -144,7 +144,7 @@ fn filled_row<'py, D: FrontDoor<'py>>(
 fn input_chunks<'py>(
     py: Python<'py>,
     traj: &mut TrajectoryIn<'py>,
-    pieces: &[Piece],
+    segments: &[Segment],
     zero_width: &[(usize, usize)],
     n: usize,
 ) -> PyResult<ModelInputOut<'py>> {
@@ -156,7 +156,7 @@ fn input_chunks<'py>(
         ..
     } = traj;
     let elements = &plain.elements;
-    let span = element_span(pieces);
+    let span = element_span(segments);
     let mut chunks = Chunks::default();
     // The current text run, as ranges of elements.
     run.clear();
@@ -169,8 +169,8 @@ fn input_chunks<'py>(
     };
     let mut zero_width = zero_width.iter().peekable();
     let mut position = 0;
-    for piece in pieces {
-        let (mut i, end) = (piece.elements.start, piece.elements.end);
+    for segment in segments {
+        let (mut i, end) = (segment.elements.start, segment.elements.end);
         while i < end && position < n {
             while let Some(&(_, id)) = zero_width.next_if(|z| z.0 == position) {
                 flush(run, &mut chunks, false)?;
@@ -235,20 +235,20 @@ impl<'py> Chunks<'py> {
     }
 }
 
-/// `pieces` without their zero-width elements, and those as `(position in
+/// `segments` without their zero-width elements, and those as `(position in
 /// S, chunk id)`.
-fn without_zero_width(pieces: &[Piece], elements: &[Element]) -> (Vec<Piece>, Vec<(usize, usize)>) {
-    let mut kept = Vec::with_capacity(pieces.len());
+fn without_zero_width(segments: &[Segment], elements: &[Element]) -> (Vec<Segment>, Vec<(usize, usize)>) {
+    let mut kept = Vec::with_capacity(segments.len());
     let mut zero_width = Vec::new();
     let mut position = 0;
-    for piece in pieces {
-        let mut start = piece.elements.start;
-        for i in piece.elements.clone() {
+    for segment in segments {
+        let mut start = segment.elements.start;
+        for i in segment.elements.clone() {
             if let ElementKind::ZeroWidth(id) = elements[i].kind() {
                 if start < i {
-                    kept.push(Piece {
+                    kept.push(Segment {
                         elements: start..i,
-                        ..piece.clone()
+                        ..segment.clone()
                     });
                 }
                 zero_width.push((position, id));
@@ -257,10 +257,10 @@ fn without_zero_width(pieces: &[Piece], elements: &[Element]) -> (Vec<Piece>, Ve
                 position += 1;
             }
         }
-        if start < piece.elements.end {
-            kept.push(Piece {
-                elements: start..piece.elements.end,
-                ..piece.clone()
+        if start < segment.elements.end {
+            kept.push(Segment {
+                elements: start..segment.elements.end,
+                ..segment.clone()
             });
         }
     }
@@ -315,7 +315,7 @@ pub fn arrays<'py, D: FrontDoor<'py>>(py: Python<'py>, door: &mut D, capacity: u
                 mask: None,
             };
             fill_row(
-                plan.pieces_of(row),
+                plan.segments_of(row),
                 &traj.plain.elements,
                 &traj.logprobs,
                 |turn| door.weights(&traj, turn),

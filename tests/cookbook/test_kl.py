@@ -314,8 +314,8 @@ def test_incorporate_kl_penalty_is_native_and_exact(batch, coef, gamma):
     # No fallback: the native pass writes every Datum itself.
     again = copy.deepcopy(data)
     mean, _, _ = _core.kl_penalty(
-        again, [response(*a) for a in answers], True, False, coef, gamma or None,
-        rows.classes().scoring, rows.direct(), _kl._summing(), _kl._torch_sum,
+        again, [response(*a) for a in answers], teacher=False, coef=coef, gamma=gamma or None,
+        direct=rows.direct(), summing=_core.TorchSum(_kl._summing(), _kl._torch_sum),
     )
     assert same_bits(advantages(again), advantages(ours_data))
 

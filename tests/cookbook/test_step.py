@@ -193,7 +193,7 @@ def assert_same_kl(theirs, mine, scales):
 
 
 def native_kl(data, training):
-    return _core.kl_sample_train(data, training, rows.classes().tensor_data, torch.Tensor)
+    return _core.kl_sample_train(data, training, direct=True, torch_tensor=torch.Tensor)
 
 
 @given(kl_inputs())
@@ -341,7 +341,7 @@ def assert_same_metrics(theirs, mine, scale):
 
 
 def native_metrics(groups, tags):
-    return _core.trajectory_metrics(groups, tags, rows.classes().inputs, _step._own_total_rewards(), _step._NUMPY_NUMBERS)
+    return _core.trajectory_metrics(groups, tags, _step._own_total_rewards())
 
 
 def check_trajectory_metrics(groups, tags, must_be_native: bool):
@@ -462,7 +462,7 @@ def test_remove_mask_with_a_loss_input_that_rewrites_the_dict_while_checked_ends
     theirs = COOKBOOK["_remove_mask"](datum())
     assert fields(ours.remove_mask(datum())) == fields(theirs) == [("target_tokens", "TensorData"), ("spoofed", "Spoofed")]
     if rows.direct():
-        assert fields(_core.datum_without_mask(datum(), rows.classes().datum_parts)) == fields(theirs)
+        assert fields(_core.datum_without_mask(datum())) == fields(theirs)
 
 
 def groups_of(rewards_per_group):
@@ -526,7 +526,7 @@ def test_training_usage_matches_the_cookbook(data, odd):
     mine = outcome(ours.training_usage, data)
     assert_same_outcome(theirs, mine, lambda a, b: (type(b) is type(a)) and b == a or pytest.fail(f"{a} != {b}"))
     if not odd:
-        assert _core.training_tokens(data, rows.classes().inputs) == theirs[1].trained
+        assert _core.training_tokens(data) == theirs[1].trained
 
 
 def datum_fields(d):
@@ -559,7 +559,7 @@ def test_remove_mask_matches_the_cookbook(data, change):
         assert gc.is_tracked(mine)
         if change == "as assembled" and rows.direct():
             # The trainer's Datums take the direct path.
-            direct = _core.datum_without_mask(datum, rows.classes().datum_parts)
+            direct = _core.datum_without_mask(datum)
             assert datum_fields(direct) == datum_fields(theirs)
 
 

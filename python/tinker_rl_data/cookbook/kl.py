@@ -178,7 +178,7 @@ def make_full_sequence_inputs(original: Callable[..., Any]) -> Callable[..., Any
         sequence), as ``ModelInput.append_int`` makes it. The last target is
         read from the array, where the cookbook makes a list of all of them."""
         try:
-            return _core.full_sequence_inputs(data_D, classes().scoring, direct())
+            return _core.full_sequence_inputs(data_D, direct=direct())
         except _core.Unsupported as why:
             return left_to(original, "_full_sequence_inputs", why)(data_D)  # type: ignore[no-any-return]
 
@@ -191,7 +191,7 @@ def _sequences(data_D: Any) -> tuple[list[Any] | None, str]:
     if type(data_D) not in (list, tuple) or not data_D:
         return None, "data_D is empty or not a list"
     try:
-        return _core.full_sequence_inputs(data_D, classes().scoring, direct()), ""
+        return _core.full_sequence_inputs(data_D, direct=direct()), ""
     except _core.Unsupported as why:
         return None, str(why)
 
@@ -273,10 +273,9 @@ def _penalty(
     if isinstance(lanes, str):
         return lanes
     gamma = discount if discount > 0 else None
+    summing = _core.TorchSum(lanes, _torch_sum)
     try:
-        return _core.kl_penalty(
-            data_D, scored, not teacher, teacher, coef, gamma, classes().scoring, direct(), lanes, _torch_sum
-        )
+        return _core.kl_penalty(data_D, scored, teacher=teacher, coef=coef, gamma=gamma, direct=direct(), summing=summing)
     except _core.Unsupported as unsupported:
         return unsupported
 
@@ -334,7 +333,7 @@ def make_compute_post_kl(original: Callable[..., Any]) -> Callable[..., Any]:
             reason: Exception | str | None = _float32_default()
             if reason is None:
                 try:
-                    v1, v2 = _post_means(_core.post_kl_diffs(data_D, responses, classes().scoring))
+                    v1, v2 = _post_means(_core.post_kl_diffs(data_D, responses))
                 except _core.Unsupported as unsupported:
                     reason = unsupported
         if reason is not None:

@@ -28,13 +28,11 @@ import dataclasses
 import sys
 from typing import Any, Callable
 
-import numpy as np
-
 from .. import _core
 from ..errors import left_to
 from ..patch.feature import Feature
 from ..patch.piece import Piece, check, outcome, same_metrics, same_outcome
-from ..rows import classes, direct
+from ..rows import direct
 from .probe_inputs import CookbookBatches, datum_bytes, probe_datums
 
 __all__ = [
@@ -47,9 +45,6 @@ __all__ = [
 ]
 
 Function = Callable[..., Any]
-
-# What dict_mean's np.mean takes as a number besides Python's int and float.
-_NUMPY_NUMBERS = (np.floating, np.integer, np.bool_)
 
 
 def _token_usage() -> Any:
@@ -73,9 +68,10 @@ def make_compute_kl_sample_train(original: Function) -> Function:
         (a torch tensor's ``.numpy()`` view, no copy), summed in float64.
         """
         torch = sys.modules.get("torch")  # a torch tensor means torch is loaded
-        tensor_data = classes().tensor_data if direct() else None
         try:
-            v1, v2, entropy = _core.kl_sample_train(data_D, training_logprobs_D, tensor_data, getattr(torch, "Tensor", None))
+            v1, v2, entropy = _core.kl_sample_train(
+                data_D, training_logprobs_D, direct=direct(), torch_tensor=getattr(torch, "Tensor", None)
+            )
         except _core.Unsupported as why:
             return left_to(original, "compute_kl_sample_train", why)(data_D, training_logprobs_D)  # type: ignore[no-any-return]
         return {"optim/kl_sample_train_v1": v1, "optim/kl_sample_train_v2": v2, "optim/entropy": entropy}
@@ -105,9 +101,7 @@ def make_compute_trajectory_metrics(original: Function) -> Function:
         them once per tag and once more for all.
         """
         try:
-            return _core.trajectory_metrics(  # type: ignore[no-any-return]
-                trajectory_groups_P, taglist_P, classes().inputs, _own_total_rewards(), _NUMPY_NUMBERS
-            )
+            return _core.trajectory_metrics(trajectory_groups_P, taglist_P, _own_total_rewards())
         except _core.Unsupported as why:
             return left_to(original, "compute_trajectory_metrics", why)(trajectory_groups_P, taglist_P)  # type: ignore[no-any-return]
 
@@ -132,7 +126,7 @@ def remove_mask(datum: Any) -> Any:
     """
     if direct():
         try:
-            return _core.datum_without_mask(datum, classes().datum_parts)
+            return _core.datum_without_mask(datum)
         except _core.Unsupported:
             pass
     return dataclasses.replace(datum, loss_fn_inputs={k: v for k, v in datum.loss_fn_inputs.items() if k != "mask"})
@@ -144,7 +138,7 @@ def make_rollout_usage(original: Function) -> Function:
         the action tokens sampled and the observation tokens prefilled, split
         by the prefix-cache hits the sampler reported."""
         try:
-            sampled, cached, prompt = _core.rollout_counts(trajectory_groups, classes().inputs)
+            sampled, cached, prompt = _core.rollout_counts(trajectory_groups)
         except _core.Unsupported as why:
             return left_to(original, "rollout_usage", why)(trajectory_groups)
         return _token_usage()(sampled=sampled, prefill_cached=cached, prefill_uncached=prompt - cached)
@@ -157,7 +151,7 @@ def make_training_usage(original: Function) -> Function:
         """tinker_cookbook's ``rl.train.training_usage``: a ``TokenUsage`` of
         the model-input tokens of the Datums."""
         try:
-            trained = _core.training_tokens(data_D, classes().inputs)
+            trained = _core.training_tokens(data_D)
         except _core.Unsupported as why:
             return left_to(original, "training_usage", why)(data_D)
         return _token_usage()(trained=trained)

@@ -151,7 +151,7 @@ def _parts() -> SimpleNamespace | None:
 @functools.cache
 def schema_mismatch() -> str | None:
     """Why tinker's request classes are not the ones the core writes (their
-    fields, in order, with these types: rust/py/sample_json.rs writes them
+    fields, in order, with these types: rust/py/sample.rs writes them
     in this order), or None."""
     try:
         from typing_extensions import Literal

@@ -7,13 +7,13 @@ use std::mem::MaybeUninit;
 use numpy::{Element, PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
-use crate::plan::{self, Piece};
-use crate::rows::{fill_row, Inputs, RowOut, Unfilled};
+use crate::fill::{fill_row, Inputs, RowOut, Unfilled};
+use crate::plan::{self, Segment};
 
 /// A fresh 1-D numpy array, not yet written, that this code alone can see:
 /// it is written through [`Unwritten::slots`] and becomes a [`Column`] only
 /// by the caller's promise that every element was written. Saves zeroing
-/// memory that [`crate::rows::fill_row`] writes in full anyway.
+/// memory that [`crate::fill::fill_row`] writes in full anyway.
 pub struct Unwritten<'py, T: Element> {
     array: Bound<'py, PyArray1<T>>,
 }
@@ -126,11 +126,11 @@ impl<'py> RowColumns<'py> {
         }
     }
 
-    /// Writes the row (see [`fill_row`]); a row its pieces do not spell in
+    /// Writes the row (see [`fill_row`]); a row its segments do not spell in
     /// full is an internal error, never an array with unwritten elements.
     pub fn fill(
         mut self,
-        pieces: &[Piece],
+        segments: &[Segment],
         elements: &[plan::Element],
         logprobs: &[f32],
         weights: impl Fn(usize) -> (f32, f32),
@@ -142,7 +142,7 @@ impl<'py> RowColumns<'py> {
             advantages: self.advantages.slots(),
             mask: self.mask.as_mut().map(Unwritten::slots),
         };
-        fill_row(pieces, elements, logprobs, weights, out)?;
+        fill_row(segments, elements, logprobs, weights, out)?;
         // SAFETY: `fill_row` returned `Ok`: it wrote every element of every
         // column it was given, and it was given all of them.
         unsafe {

@@ -17,6 +17,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyType};
 
+use crate::py::classes::Classes;
+
 pub use columns::{Column, FilledColumns, RowColumns, Unwritten};
 pub use direct::untrack_list;
 
@@ -122,39 +124,6 @@ pub enum MetadataKind<'a, 'py> {
     Dict,
 }
 
-/// tinker's classes that rows are built into.
-pub struct Classes<'py> {
-    pub datum: Bound<'py, PyType>,
-    pub model_input: Bound<'py, PyType>,
-    pub chunk: Bound<'py, PyType>,
-    pub tensor_data: Bound<'py, PyType>,
-    /// `PromptProvenanceSpan`, `SampledProvenanceSpan`.
-    pub spans: (Bound<'py, PyType>, Bound<'py, PyType>),
-}
-
-/// `(Datum, ModelInput, EncodedTextChunk, TensorData, PromptProvenanceSpan,
-/// SampledProvenanceSpan)`, as the exported functions take them.
-pub type ClassTuple<'py> = (
-    Bound<'py, PyType>,
-    Bound<'py, PyType>,
-    Bound<'py, PyType>,
-    Bound<'py, PyType>,
-    Bound<'py, PyType>,
-    Bound<'py, PyType>,
-);
-
-impl<'py> From<ClassTuple<'py>> for Classes<'py> {
-    fn from((datum, model_input, chunk, tensor_data, prompt, sampled): ClassTuple<'py>) -> Self {
-        Classes {
-            datum,
-            model_input,
-            chunk,
-            tensor_data,
-            spans: (prompt, sampled),
-        }
-    }
-}
-
 /// Makes Datums and their metadata, directly or through tinker's public
 /// constructors.
 pub struct Builder<'py> {
@@ -230,7 +199,7 @@ impl<'py> Builder<'py> {
     /// `model_construct` sets it).
     fn text_chunk(&self, tokens: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let py = self.py();
-        let chunk = &self.classes.chunk;
+        let chunk = &self.classes.text_chunk;
         if self.direct {
             direct::text_chunk(chunk, tokens)
         } else if tokens.is_instance_of::<PyList>() {
@@ -249,9 +218,9 @@ impl<'py> Builder<'py> {
         let list = PyList::empty(py);
         for (sequence_id, offset, length, sampled) in spans {
             let cls = if *sampled {
-                &self.classes.spans.1
+                &self.classes.sampled_span
             } else {
-                &self.classes.spans.0
+                &self.classes.prompt_span
             };
             let span = if self.direct {
                 direct::span(cls, sequence_id, *offset, *length)?

@@ -17,7 +17,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use pyo3::{ffi, intern};
 
-use crate::error::{ErrorKind, InputError, Location};
+use crate::errors::{ErrorKind, InputError, Location};
 use crate::plan::Element;
 use crate::py::gc::collector_off;
 use exact::{float_in_place, int_in_place, int_read, RawItems, BY_API, BY_LV_TAG, BY_OB_SIZE};

@@ -19,8 +19,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyFloat;
 
-use crate::error::{ErrorKind, InputError, Location, StepName};
-use crate::plan::{Element, Keep, Merge, Piece, Row, TurnSpan};
+use crate::errors::{ErrorKind, InputError, Location, StepName};
+use crate::plan::{Element, Keep, Merge, Row, Segment, TurnSpan};
 use crate::py::build::{Column, Dtype, FilledColumns, LossInput, LossKey, MetadataKind};
 use crate::py::read::{any_real, attr, Item, ItemKind, Items, MAX_TOKEN};
 use crate::py::source::ints::Role;
@@ -310,7 +310,7 @@ impl<'py> FrontDoor<'py> for Cookbook<'py> {
         // The cookbook makes the spans while it reads each transition, so
         // their errors come before those of building the row.
         let provenance = if self.provenance {
-            provenance(&self.transitions, row.row, &contributions(row.pieces, row.row), at)?
+            provenance(&self.transitions, row.row, &contributions(row.segments, row.row), at)?
         } else {
             None
         };
@@ -333,7 +333,7 @@ impl<'py> FrontDoor<'py> for Cookbook<'py> {
         let py = self.groups.py();
         let n = row.row.len - 1;
         let at = row.location.named(StepName::Transition);
-        let parts = contributions(row.pieces, row.row);
+        let parts = contributions(row.segments, row.row);
         let FilledColumns {
             targets,
             logprobs: mut lps,
@@ -467,14 +467,14 @@ fn parse_error_masked(transition: &Bound<'_, PyAny>, at: Location) -> PyResult<b
 }
 
 /// The context and action lengths each transition adds to a row.
-fn contributions(pieces: &[Piece], row: &Row) -> Vec<(usize, usize)> {
+fn contributions(segments: &[Segment], row: &Row) -> Vec<(usize, usize)> {
     let mut out = vec![(0, 0); row.n_turns];
-    for piece in pieces {
-        let slot = &mut out[piece.turn - row.first_turn];
-        if piece.completion {
-            slot.1 += piece.elements.len();
+    for segment in segments {
+        let slot = &mut out[segment.turn - row.first_turn];
+        if segment.completion {
+            slot.1 += segment.elements.len();
         } else {
-            slot.0 += piece.elements.len();
+            slot.0 += segment.elements.len();
         }
     }
     out

@@ -15,7 +15,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyType};
 
-use crate::error::{ErrorKind, InputError, Location};
+use crate::errors::{ErrorKind, InputError, Location};
 use crate::plan::{Keep, Merge, TurnSpan};
 use crate::py::build::{Dtype, FilledColumns, LossInput, LossKey, MetadataKind};
 use crate::py::read::{attr, read_real, read_tags, ItemKind, Items, MAX_TOKEN};

@@ -24,7 +24,7 @@ use std::ops::Range;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use crate::error::Location;
+use crate::errors::Location;
 use crate::plan::{Element, Merge};
 use crate::py::build;
 use crate::py::read::Items;

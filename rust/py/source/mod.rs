@@ -20,8 +20,8 @@ use std::ops::Range;
 
 use pyo3::prelude::*;
 
-use crate::error::Location;
-use crate::plan::{Keep, Merge, Piece, Row, Trajectory};
+use crate::errors::Location;
+use crate::plan::{Keep, Merge, Row, Segment, Trajectory};
 use crate::py::build::{FilledColumns, LossInput, MetadataKind, SpanOut};
 use ints::SharedInts;
 
@@ -33,7 +33,7 @@ pub struct TrajectoryIn<'py> {
     pub plain: Trajectory,
     /// Parallel to the elements: each completion element's logprob. Only
     /// completion entries are written (each door writes all of them, 0.0
-    /// where none was given) and read (`rows.rs`); the others keep whatever
+    /// where none was given) and read (`fill.rs`); the others keep whatever
     /// an earlier trajectory left, so the prompt's span is never zeroed.
     pub logprobs: Vec<f32>,
     /// The distinct non-text chunks, by id (`cookbook`).
@@ -98,10 +98,10 @@ impl ClosedBefore {
 /// A planned row as the pipeline hands it to its front door.
 pub struct RowView<'a> {
     pub row: &'a Row,
-    /// Its pieces, without zero-width elements (which take no position).
-    pub pieces: &'a [Piece],
-    /// Its pieces as planned.
-    pub planned: &'a [Piece],
+    /// Its segments, without zero-width elements (which take no position).
+    pub segments: &'a [Segment],
+    /// Its segments as planned.
+    pub planned: &'a [Segment],
     /// The end of the turns of the trajectory's rows before (0 for its
     /// first).
     pub since: usize,
@@ -143,9 +143,9 @@ pub trait FrontDoor<'py> {
     fn metadata(&self) -> MetadataKind<'_, 'py>;
 }
 
-/// The span of elements `pieces` come from.
-pub fn element_span(pieces: &[Piece]) -> Range<usize> {
-    let start = pieces.iter().map(|p| p.elements.start).min().unwrap_or(0);
-    let end = pieces.iter().map(|p| p.elements.end).max().unwrap_or(0);
+/// The span of elements `segments` come from.
+pub fn element_span(segments: &[Segment]) -> Range<usize> {
+    let start = segments.iter().map(|p| p.elements.start).min().unwrap_or(0);
+    let end = segments.iter().map(|p| p.elements.end).max().unwrap_or(0);
     start..end
 }

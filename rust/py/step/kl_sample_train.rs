@@ -7,8 +7,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyType};
 
 use super::{sequence, type_name, unsupported};
-use crate::metrics::{KlSums, Real};
 use crate::py::read::numbers::{array_view, Slice, View};
+use crate::step::{KlSums, Real};
 
 /// A loss input's numpy array: a dense `TensorData`'s own, read as a field
 /// where `_build` found tinker's layout (`tensor_data` given), else its

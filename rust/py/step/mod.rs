@@ -13,12 +13,13 @@
 
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyString, PyType};
+use pyo3::types::{PyBool, PyString};
 
-use crate::error::Location;
-use crate::metrics::Number;
+use crate::errors::Location;
+use crate::py::classes::Classes;
 pub use crate::py::errors::unsupported;
 use crate::py::read::{exact_float, exact_int, type_name, Items};
+use crate::step::Number;
 
 pub mod kl_sample_train;
 pub mod remove_mask;
@@ -63,16 +64,12 @@ pub fn number(obj: &Bound<'_, PyAny>) -> Option<Number> {
         .map(|v| Number::int(v as f64))
 }
 
-/// tinker's classes whose instances are read by field, not by property.
-pub type InputClasses<'py> = (Bound<'py, PyType>, Bound<'py, PyType>);
-
 /// `model_input.length`: for tinker's `ModelInput`, the sum of its chunks'
 /// lengths, a text chunk's read as `len(tokens)` (what its property
 /// returns) and any other chunk's by its `length` property.
-pub fn model_input_length(model_input: &Bound<'_, PyAny>, classes: &InputClasses<'_>, at: Location) -> PyResult<i64> {
+pub fn model_input_length(model_input: &Bound<'_, PyAny>, classes: &Classes<'_>, at: Location) -> PyResult<i64> {
     let py = model_input.py();
-    let (model_input_class, text_chunk_class) = classes;
-    if !model_input.get_type().is(model_input_class) {
+    if !model_input.get_type().is(&classes.model_input) {
         return count(
             &model_input.getattr(intern!(py, "length"))?,
             at,
@@ -83,7 +80,7 @@ pub fn model_input_length(model_input: &Bound<'_, PyAny>, classes: &InputClasses
     let mut n = 0;
     for i in 0..chunks.len() {
         let chunk = chunks.get(i)?;
-        n += if chunk.get_type().is(text_chunk_class) {
+        n += if chunk.get_type().is(&classes.text_chunk) {
             chunk.getattr(intern!(py, "tokens"))?.len()? as i64
         } else {
             count(&chunk.getattr(intern!(py, "length"))?, at, "a chunk's length")?
@@ -107,7 +104,7 @@ impl Counts {
     pub fn add_transition(
         &mut self,
         transition: &Bound<'_, PyAny>,
-        classes: &InputClasses<'_>,
+        classes: &Classes<'_>,
         at: Location,
     ) -> PyResult<()> {
         let py = transition.py();

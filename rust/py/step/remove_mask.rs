@@ -2,40 +2,32 @@
 
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString, PyType};
+use pyo3::types::{PyDict, PyString};
 
 use super::{sequence, type_name, unsupported};
 use crate::py::build::direct::{dataclass, is_tracked, untrack_dict};
+use crate::py::classes::Classes;
 use crate::py::read::PairReader;
-
-/// `(Datum, TensorData, PromptProvenanceSpan, SampledProvenanceSpan)`.
-pub type DatumClasses<'py> = (
-    Bound<'py, PyType>,
-    Bound<'py, PyType>,
-    Bound<'py, PyType>,
-    Bound<'py, PyType>,
-);
 
 /// Spans as `Datum.__post_init__` accepts them: `None`, or a list or tuple
 /// of provenance spans.
-fn checked_spans(spans: &Bound<'_, PyAny>, classes: &DatumClasses<'_>) -> PyResult<bool> {
+fn checked_spans(spans: &Bound<'_, PyAny>, classes: &Classes<'_>) -> PyResult<bool> {
     if spans.is_none() {
         return Ok(true);
     }
-    let (_, _, prompt, sampled) = classes;
     let spans = sequence(spans, "spans")?;
     for i in 0..spans.len() {
         let span = spans.get(i)?;
-        if !(span.is_instance(prompt)? || span.is_instance(sampled)?) {
+        if !(span.is_instance(&classes.prompt_span)? || span.is_instance(&classes.sampled_span)?) {
             return Ok(false);
         }
     }
     Ok(true)
 }
 
-pub fn datum_without_mask<'py>(datum: &Bound<'py, PyAny>, classes: &DatumClasses<'py>) -> PyResult<Bound<'py, PyAny>> {
+pub fn datum_without_mask<'py>(datum: &Bound<'py, PyAny>, classes: &Classes<'py>) -> PyResult<Bound<'py, PyAny>> {
     let py = datum.py();
-    let (datum_class, tensor_data, _, _) = classes;
+    let (datum_class, tensor_data) = (&classes.datum, &classes.tensor_data);
     if !datum.get_type().is(datum_class) {
         return Err(unsupported(format!("a {}, not a tinker.Datum", type_name(datum))));
     }

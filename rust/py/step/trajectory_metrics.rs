@@ -5,10 +5,11 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFloat, PyString, PyTuple, PyType};
 use pyo3::{ffi, intern};
 
-use super::{number, sequence, sequence_of, type_name, unsupported, Counts, InputClasses};
-use crate::error::{Location, StepName};
-use crate::metrics::{summarize, GroupStats, KeyedSums, RewardSum, Summary};
+use super::{number, sequence, sequence_of, type_name, unsupported, Counts};
+use crate::errors::{Location, StepName};
+use crate::py::classes::Classes;
 use crate::py::read::{Items, PairReader};
+use crate::step::{summarize, GroupStats, KeyedSums, RewardSum, Summary};
 
 /// Metric keys (exact strs) and the ids [`KeyedSums`] knows them by.
 struct MetricKeys<'py> {
@@ -35,7 +36,7 @@ impl<'py> MetricKeys<'py> {
 /// classes, the cookbook's own `TrajectoryGroup.get_total_rewards` (a group
 /// whose class has it is summed here), numpy's scalar number types.
 pub struct Reading<'a, 'py> {
-    pub classes: &'a InputClasses<'py>,
+    pub classes: &'a Classes<'py>,
     pub own_total_rewards: Option<&'a Bound<'py, PyAny>>,
     pub numpy_numbers: &'a Bound<'py, PyTuple>,
 }

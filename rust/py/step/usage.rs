@@ -3,10 +3,11 @@
 use pyo3::intern;
 use pyo3::prelude::*;
 
-use super::{model_input_length, sequence, sequence_of, Counts, InputClasses};
-use crate::error::{Location, StepName};
+use super::{model_input_length, sequence, sequence_of, Counts};
+use crate::errors::{Location, StepName};
+use crate::py::classes::Classes;
 
-pub fn rollout_counts(groups: &Bound<'_, PyAny>, classes: &InputClasses<'_>) -> PyResult<(i64, i64, i64)> {
+pub fn rollout_counts(groups: &Bound<'_, PyAny>, classes: &Classes<'_>) -> PyResult<(i64, i64, i64)> {
     let py = groups.py();
     let groups = sequence(groups, "trajectory_groups")?;
     let mut counts = Counts::default();
@@ -23,7 +24,7 @@ pub fn rollout_counts(groups: &Bound<'_, PyAny>, classes: &InputClasses<'_>) -> 
     Ok((counts.sampled, counts.cached, counts.prompt))
 }
 
-pub fn training_tokens(data: &Bound<'_, PyAny>, classes: &InputClasses<'_>) -> PyResult<i64> {
+pub fn training_tokens(data: &Bound<'_, PyAny>, classes: &Classes<'_>) -> PyResult<i64> {
     let py = data.py();
     let data = sequence(data, "data_D")?;
     let mut n = 0;

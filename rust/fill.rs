@@ -1,6 +1,6 @@
 //! The numeric core: writes one planned row's columns.
 //!
-//! A row spells out a sequence `S` (its pieces, in order); position `j` (of
+//! A row spells out a sequence `S` (its segments, in order); position `j` (of
 //! `len(S) - 1`) reads `S[j]` and predicts `S[j + 1]`. A position whose
 //! target is a completion element carries that element's own logprob, its
 //! turn's advantage and mask; every other position carries 0 in all three.
@@ -8,7 +8,7 @@
 
 use std::mem::MaybeUninit;
 
-use crate::plan::{Element, Piece};
+use crate::plan::{Element, Segment};
 
 /// The model input column a row may also carry: `S[:-1]` as numbers.
 pub enum Inputs<'a> {
@@ -29,7 +29,7 @@ pub struct RowOut<'a> {
     pub mask: Option<&'a mut [MaybeUninit<f32>]>,
 }
 
-/// A row whose pieces do not spell out exactly its columns' positions: a
+/// A row whose segments do not spell out exactly its columns' positions: a
 /// planning bug. Reported (in release builds too) instead of handing Python
 /// arrays with elements never written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,23 +42,23 @@ impl std::fmt::Display for Unfilled {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "a row of {} positions was planned with pieces of {} elements",
+            "a row of {} positions was planned with segments of {} elements",
             self.positions, self.spelled
         )
     }
 }
 
-/// Writes the row spelled by `pieces` over `elements` (with `logprobs`
+/// Writes the row spelled by `segments` over `elements` (with `logprobs`
 /// parallel to them: a completion element's fitted logprob). `weights(turn)`
-/// gives a completion piece's `(advantage, mask)`.
+/// gives a completion segment's `(advantage, mask)`.
 ///
-/// `Ok` means every element of every column was written: the pieces spell
+/// `Ok` means every element of every column was written: the segments spell
 /// `len + 1` elements for columns of `len` (the targets, logprobs,
-/// advantages and mask of position `j` are written by the piece holding
-/// `S[j + 1]`, the inputs by the one holding `S[j]`, and pieces are
+/// advantages and mask of position `j` are written by the segment holding
+/// `S[j + 1]`, the inputs by the one holding `S[j]`, and segments are
 /// contiguous in `S`).
 pub fn fill_row(
-    pieces: &[Piece],
+    segments: &[Segment],
     elements: &[Element],
     logprobs: &[f32],
     weights: impl Fn(usize) -> (f32, f32),
@@ -72,7 +72,7 @@ pub fn fill_row(
         mut mask,
     } = out;
     let n = targets.len();
-    let spelled: usize = pieces.iter().map(|p| p.elements.len()).sum();
+    let spelled: usize = segments.iter().map(|p| p.elements.len()).sum();
     let input_len = match &inputs {
         Inputs::None => n,
         Inputs::I32(c) => c.len(),
@@ -89,9 +89,9 @@ pub fn fill_row(
     if spelled != n + 1 || !same_lengths {
         return Err(Unfilled { positions: n, spelled });
     }
-    let mut at = 0; // where the piece starts in S
-    for piece in pieces {
-        let values = &elements[piece.elements.clone()];
+    let mut at = 0; // where the segment starts in S
+    for segment in segments {
+        let values = &elements[segment.elements.clone()];
         let k = values.len();
         // Model input: S[at..at + k], cut at n.
         let input_end = (at + k).min(n);
@@ -119,12 +119,12 @@ pub fn fill_row(
                 });
             // Completion targets carry their logprob, advantage and mask;
             // the other positions 0 in all three.
-            let (advantage, weight) = if piece.completion {
+            let (advantage, weight) = if segment.completion {
                 write(
                     &mut logprob_out[span.clone()],
-                    &logprobs[piece.elements.start + skip..piece.elements.end],
+                    &logprobs[segment.elements.start + skip..segment.elements.end],
                 );
-                weights(piece.turn)
+                weights(segment.turn)
             } else {
                 logprob_out[span.clone()].fill(MaybeUninit::new(0.0));
                 (0.0, 0.0)
@@ -201,7 +201,8 @@ mod tests {
                     advantages: &mut advs,
                     mask: Some(&mut mask),
                 };
-                fill_row(plan.pieces_of(row), &t.elements, logprobs, |_| (advantage, 1.0), out).expect("a planned row");
+                fill_row(plan.segments_of(row), &t.elements, logprobs, |_| (advantage, 1.0), out)
+                    .expect("a planned row");
                 Columns {
                     inputs: values(&inputs),
                     targets: values(&targets),
@@ -246,7 +247,7 @@ mod tests {
     }
 
     #[test]
-    fn pieces_that_do_not_spell_the_row_are_refused() {
+    fn segments_that_do_not_spell_the_row_are_refused() {
         let t = one_turn(&[1, 2], &[3]);
         let mut plan = Plan::default();
         plan_rows(&t, Merge::PerTurn, Keep::WithCompletionTarget, &mut plan);
@@ -264,7 +265,7 @@ mod tests {
                 mask: None,
             };
             let result = fill_row(
-                plan.pieces_of(&plan.rows[0]),
+                plan.segments_of(&plan.rows[0]),
                 &t.elements,
                 &[0.0; 3],
                 |_| (1.0, 1.0),

@@ -26,12 +26,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyList, PyString, PyTuple, PyType};
 use pyo3::{ffi, intern};
 
-use crate::py::read::numbers::{contiguous_bytes, Kind, Numbers, Slice, Value};
-use crate::py::read::{describe, exact_int, pairs, Items, Pair};
-use crate::wire::{
+use crate::forward_backward::{
     sort_map, write_owned, Chunk, ConfigValue, DType, Datum, KeyOrder, Part, Payload, Request, Shape, Span, Tensor,
     TensorData,
 };
+use crate::py::read::numbers::{contiguous_bytes, Kind, Numbers, Slice, Value};
+use crate::py::read::{describe, exact_int, pairs, Items, Pair};
 
 /// From this size on the bytes are written with the GIL released: below
 /// it, the copy is too short for other threads to gain from the switch.

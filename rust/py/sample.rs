@@ -1,5 +1,5 @@
 //! A `tinker.types.SampleRequest` read for the JSON body tinker's
-//! `AsyncSamplingResource.asample` posts (`sample_json` writes it).
+//! `AsyncSamplingResource.asample` posts (`crate::sample` writes it).
 //!
 //! Only what tinker's own validation makes is taken: instances of exactly
 //! tinker's request, chunk and params classes, exact ints, floats, bools,
@@ -18,10 +18,10 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 
-use crate::error::Location;
+use crate::errors::Location;
 use crate::py::errors::guarded;
 use crate::py::read::{ItemKind, Items};
-use crate::sample_json::Json;
+use crate::sample::Json;
 
 /// tinker's classes, by attribute (`tinker_rl_data.sampling` gathers them).
 #[derive(FromPyObject)]

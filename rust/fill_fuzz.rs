@@ -6,9 +6,9 @@
 
 use proptest::prelude::*;
 
+use crate::fill::testing::{column, values, FLOAT_SENTINEL, INT_SENTINEL};
+use crate::fill::{fill_row, Inputs, RowOut};
 use crate::plan::{plan_rows, Element, Keep, Merge, Plan, Trajectory, TurnSpan};
-use crate::rows::testing::{column, values, FLOAT_SENTINEL, INT_SENTINEL};
-use crate::rows::{fill_row, Inputs, RowOut};
 
 /// (model input, targets, logprob bits, advantage bits, mask bits, first turn, n_turns)
 type NaiveRow = (Vec<i64>, Vec<i64>, Vec<u32>, Vec<u32>, Vec<u32>, usize, usize);
@@ -99,7 +99,7 @@ fn ours(turns: &[(Vec<i64>, Vec<i64>, Vec<f32>)], merged: bool, a: f32) -> Vec<N
                 advantages: &mut advs,
                 mask: Some(&mut mask),
             };
-            fill_row(plan.pieces_of(row), &t.elements, &logprobs, |_| (a, 1.0), out).expect("a planned row");
+            fill_row(plan.segments_of(row), &t.elements, &logprobs, |_| (a, 1.0), out).expect("a planned row");
             let (lps, advs, mask) = (values(&lps), values(&advs), values(&mask));
             let (inputs, targets) = (values(&inputs), values(&targets));
             (

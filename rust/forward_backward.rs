@@ -1,6 +1,6 @@
 //! tinker's `ForwardBackwardRequest` as protobuf bytes: the messages of
 //! tinker 0.38's `tinker_public.proto` that the request uses, their sizes
-//! and their writing. No PyO3: `py/wire.rs` reads a request into these types.
+//! and their writing. No PyO3: `py/forward_backward.rs` reads a request into these types.
 //!
 //! The bytes are those python-protobuf's `SerializeToString(deterministic=True)`
 //! makes of the message tinker's `forward_backward_request_to_proto` builds:

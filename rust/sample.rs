@@ -2,7 +2,7 @@
 //! `model_dump(mode="json")` handed to `json.dumps(ensure_ascii=False,
 //! separators=(",", ":"), allow_nan=False)`. So: no spaces, non-ASCII text
 //! as UTF-8, floats as Python's `repr`, bytes fields as standard base64.
-//! `rust/py/sample_json.rs` reads the request and writes it with this.
+//! `rust/py/sample.rs` reads the request and writes it with this.
 
 /// A JSON text being written. Every value is followed by a `,`; closing an
 /// object or array takes the last one back, so callers never track "first".
