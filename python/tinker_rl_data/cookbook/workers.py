@@ -186,14 +186,18 @@ def current() -> Settings | None:
 # node without the wheel, no native core for its platform) would raise
 # inside the pool's own worker loop, which breaks the whole pool. So the
 # entry, and a result on its way back, reduce to ``eval`` of a short
-# expression that runs a loader (source text, below) in a namespace of
-# plain data: loading them needs only the standard library.
+# expression over plain data: where this module is loaded already it calls
+# it; elsewhere it runs a loader (source text, below) that tries to load
+# it. Loading them needs only the standard library.
+
+_HERE = "(here := __import__('sys').modules.get('tinker_rl_data.cookbook.workers'))"
 
 
-def _reduce_by_source(source: str, **names: Any) -> tuple[Any, tuple[Any, ...]]:
-    """A ``__reduce__`` value: unpickled, ``source`` runs with ``names`` as
-    its globals and what it sets as ``out`` is the object."""
-    return (eval, ("exec(source) or out", {"source": source, **names}))
+def _reduce_by_source(call: str, source: str, **names: Any) -> tuple[Any, tuple[Any, ...]]:
+    """A ``__reduce__`` value: unpickled, ``here.<call>`` where this module
+    is loaded, else ``source`` run (it sets ``out``), with ``names`` as
+    globals. (The loader's compile costs ~1 ms: once per worker process.)"""
+    return (eval, (f"here.{call} if {_HERE} else exec(source) or out", {"source": source, **names}))
 
 
 # In the worker: ours if the package loads, else the cookbook's own
@@ -245,6 +249,10 @@ out = _received(worker, how, summary, counters, delta, result)
 """
 
 
+_ENTRY_CALL = "_WorkerEntry(None if settings is None else here.Settings(**settings))"
+_RECEIVE_CALL = "_received(worker, how, summary, counters, delta, result)"
+
+
 def _plain(settings: Settings | None) -> dict[str, Any] | None:
     return None if settings is None else dataclasses.asdict(settings)
 
@@ -267,7 +275,7 @@ class RolloutEntry:
         return self.original(task)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _reduce_by_source(_LOAD_ENTRY, settings=_plain(_settings), receive=_RECEIVE)
+        return _reduce_by_source(_ENTRY_CALL, _LOAD_ENTRY, settings=_plain(_settings), receive=_RECEIVE)
 
     def __repr__(self) -> str:
         return f"<tinker_rl_data worker entry for {ROLLOUTS_MODULE}.{ENTRY_NAME}>"
@@ -283,7 +291,7 @@ class _WorkerEntry:
         return run_rollout(self.settings, task)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _reduce_by_source(_LOAD_ENTRY, settings=_plain(self.settings), receive=_RECEIVE)
+        return _reduce_by_source(_ENTRY_CALL, _LOAD_ENTRY, settings=_plain(self.settings), receive=_RECEIVE)
 
 
 def make_entry(original: Callable[..., Any]) -> RolloutEntry:
@@ -532,7 +540,7 @@ class _Delivery:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         names = {name: getattr(self, name) for name in self.__slots__}
-        return _reduce_by_source(_RECEIVE, **names)
+        return _reduce_by_source(_RECEIVE_CALL, _RECEIVE, **names)
 
 
 # --------------------------------------------------------------------------
