@@ -196,7 +196,8 @@ _HERE = "(here := __import__('sys').modules.get('tinker_rl_data.cookbook.workers
 def _reduce_by_source(call: str, source: str, **names: Any) -> tuple[Any, tuple[Any, ...]]:
     """A ``__reduce__`` value: unpickled, ``here.<call>`` where this module
     is loaded, else ``source`` run (it sets ``out``), with ``names`` as
-    globals. (The loader's compile costs ~1 ms: once per worker process.)"""
+    globals. (Compiling the loader costs ~1 ms: once in a worker where the
+    package loads, per task in one where it does not.)"""
     return (eval, (f"here.{call} if {_HERE} else exec(source) or out", {"source": source, **names}))
 
 
