@@ -1,8 +1,14 @@
 """install() in the cookbook's rollout workers (tinker_rl_data.cookbook.workers).
 
-The fast tests check the piece and its pickling in this process and the
-worker's install in a fresh interpreter (a failing probe: one warning, the
-rest installed; strict: the task raises). The trainer tests run
+The fast tests check the piece and its pickling in this process (by value
+too), the driver's bounded record of 2,000 workers, a worker's side of a
+rollout in this process (no `resource` module, macOS units, threads, no
+coalescing), and the worker's install in a fresh interpreter (a failing
+probe: one warning, the rest installed; strict: the task raises). Spawn
+pools of one worker with a stand-in rollout (tests/support/worker_pool.py):
+a worker that cannot import the package or its core runs the cookbook's
+rollout; a worker's own SKIP / DISABLE / GC_HEADROOM lose to the driver's
+(~12 s each). The trainer tests run
 tinker-cookbook's own `rl.train.main` (support/trainer_run.py, tiny
 workload, stock first, then installed, each against a fresh fake service)
 with a spawn process pool of 2 and, when `ray` is importable, a Ray-backed
@@ -39,12 +45,14 @@ try:
 except ImportError as exc:
     cookbook_unavailable(exc)
 
+from tinker_rl_data.cookbook import gc_step
 from tinker_rl_data.cookbook import workers as _workers
 from tinker_rl_data.patch import transaction as _patch
 from tinker_rl_data import cookbook as tcookbook
 
 RUNNER = Path(__file__).resolve().parents[1] / "support" / "trainer_run.py"
 
+from support import worker_pool  # noqa: E402
 from support.signals import CountedRepr, signal_reprs_handlers  # noqa: E402
 from support.trainer_checks import canonical_bodies, comparable, compare_metrics  # noqa: E402
 
@@ -92,17 +100,16 @@ def test_coalesce_and_strict_are_carried():
         tcookbook.uninstall()
 
 
-def test_the_gc_headroom_option_is_carried_as_the_workers_variable(monkeypatch):
-    from tinker_rl_data.cookbook import gc_step
-
-    monkeypatch.delenv("TINKER_RL_DATA_GC_HEADROOM", raising=False)
-    tcookbook.install(gc_headroom=0.05)
+def test_the_switches_travel_as_the_driver_resolved_them(monkeypatch):
+    monkeypatch.setenv("TINKER_RL_DATA_GC_HEADROOM", "0.1")
+    monkeypatch.setenv("TINKER_RL_DATA_SKIP", "compute_post_kl")
+    monkeypatch.setenv("TINKER_RL_DATA_HUGEPAGES", "0")
+    tcookbook.install(gc_headroom=0.3)
     try:
         settings = pickle.loads(pickle.dumps(rollouts._run_rollout_sync)).settings
-        assert ("TINKER_RL_DATA_GC_HEADROOM", "0.05") in settings.env
-        # what the worker's collector reads when its first rollout starts
-        monkeypatch.setenv("TINKER_RL_DATA_GC_HEADROOM", dict(settings.env)["TINKER_RL_DATA_GC_HEADROOM"])
-        assert gc_step.headroom_from_env() == 0.05
+        assert settings.gc_headroom == "0.3"  # the argument, not the variable
+        assert settings.skip == ("compute_post_kl",) and settings.strict is False
+        assert settings.env == (("TINKER_RL_DATA_HUGEPAGES", "0"),)
     finally:
         tcookbook.uninstall()
         gc_step.configure()
@@ -163,17 +170,201 @@ def check_asyncio_run_once_installed(rollout, reprs_stock: bool) -> None:
         tcookbook.uninstall()
 
 
+def deliver(worker, how="installed", summary=None, counters=None, delta=None, result=None):
+    """What the driver gets from a worker's result: the result, with the report recorded."""
+    counters = counters or {}
+    delta = {k: v for k, v in counters.items() if k in _workers.ADDITIVE} if delta is None else delta
+    return pickle.loads(pickle.dumps(_workers._Delivery(worker, how, summary, counters, delta, result)))
+
+
 def test_a_result_brings_the_workers_report_back():
     _workers.reset()
     result = {"a": 1}
-    back = pickle.loads(pickle.dumps(_workers._Delivery(("elsewhere", 7), {"how": "installed", "installed": ["x"]}, {"rollouts": 1}, result)))
-    assert back == result
-    back = pickle.loads(pickle.dumps(_workers._Delivery(("elsewhere", 7), None, {"rollouts": 2}, None)))
-    assert back is None
+    assert deliver(("elsewhere", 7, "t"), summary={"installed": ["x"]}, counters={"rollouts": 1}, result=result) == result
+    assert deliver(("elsewhere", 7, "t"), counters={"rollouts": 2}, delta={"rollouts": 1}) is None
     [entry] = _workers.seen()
     assert entry["how"] == "installed" and entry["counters"] == {"rollouts": 2} and entry["pid"] == 7
-    assert _workers.describe()[0].startswith("elsewhere:7 installed: 1 piece(s); 2 rollout(s)")
+    assert _workers.describe()[1].startswith("elsewhere:7 installed: 1 piece(s); 2 rollout(s)")
     _workers.reset()
+
+
+def test_two_thousand_workers_keep_a_bounded_record(monkeypatch):
+    """A run that recycles its workers (max_tasks_per_child, Ray) sees
+    thousands: the driver keeps totals and the last few, and a new
+    worker's first result does not render the driver's status."""
+    import tracemalloc
+
+    def no_status():
+        raise AssertionError("a worker's result rendered the driver's status")
+
+    _workers.reset()
+    monkeypatch.setattr(_patch, "status", no_status)
+    tracemalloc.start()
+    try:
+        for i in range(2000):
+            if i == 200:
+                before = tracemalloc.get_traced_memory()[0]
+            # the same host and pid: two containers' processes, told apart by the token
+            worker = ("host", 1000 + i % 1000, f"token{i}")
+            left = [("compute_post_kl", "probe failed")] if i % 10 == 0 else []
+            summary = {"options": ["data", "gc"], "installed": [f"piece {k}" for k in range(20)], "left": left}
+            deliver(worker, "installed" if i % 100 else "failed", summary, {"rollouts": 1, "gc_steps": 1, "peak_rss_mb": i})
+            deliver(worker, "installed" if i % 100 else "failed", None, {"rollouts": 3, "gc_steps": 3, "peak_rss_mb": i}, {"rollouts": 2, "gc_steps": 2})
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(_workers.seen()) == _workers.SHOWN == 8
+    assert [e["pid"] for e in _workers.seen()] == [1000 + i % 1000 for i in range(1992, 2000)]
+    total = _workers.totals()
+    assert total["workers"] == 2000 and total["how"] == {"installed": 1980, "failed": 20}
+    assert total["left"] == {"compute_post_kl": 200}
+    assert total["counters"] == {"rollouts": 6000, "gc_steps": 6000, "peak_rss_mb": 1999}
+    lines = _workers.describe()
+    assert len(lines) == 9
+    assert lines[0] == (
+        "totals: 2000 worker(s) (last 8 shown): 20 failed, 1980 installed; 6000 rollout(s), GC steps 6000; "
+        "left: compute_post_kl (200)"
+    )
+    assert grown < 64 * 1024, grown  # 1,800 more workers: nothing kept per worker
+    _workers.reset()
+
+
+def rollout_here(monkeypatch, options=("data",), **settings):
+    """The worker's side of a rollout, in this process as a worker without
+    the pieces would run it (rollouts._run_rollout_sync the stand-in), and
+    its result as the driver gets it."""
+    for key in _workers.APPLIED:
+        monkeypatch.delenv(key, raising=False)  # the worker sets the driver's
+    monkeypatch.setattr(_workers, "_worker", None)
+    monkeypatch.setattr(rollouts, "_run_rollout_sync", worker_pool.rollout)
+    settings = _workers.Settings(tuple(options), False, driver=("the-driver", 1, "x"), **settings)
+    return pickle.loads(pickle.dumps(_workers.run_rollout(settings, "task")))
+
+
+def test_a_rollout_returns_where_there_is_no_resource_module(monkeypatch):
+    """Windows has no `resource`: the rollout's result still comes back,
+    without the worker's peak RSS."""
+    assert not _patch.installed()
+    _workers.reset()
+    monkeypatch.setitem(sys.modules, "resource", None)
+    back = rollout_here(monkeypatch, options=())
+    assert back["task"] == "task" and back["how"] == "installed"
+    [entry] = _workers.seen()
+    assert "peak_rss_mb" not in entry["counters"] and entry["counters"]["rollouts"] == 1
+    _workers.reset()
+
+
+def test_peak_rss_is_in_mib_on_macos_too(monkeypatch):
+    import resource
+
+    assert not _patch.installed()
+    _workers.reset()
+    peak = {}
+    for platform in ("linux", "darwin"):
+        monkeypatch.setattr(sys, "platform", platform)
+        rollout_here(monkeypatch, options=())
+        peak[platform] = _workers.seen()[-1]["counters"]["peak_rss_mb"]
+        _workers.reset()
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB; macOS: bytes
+    assert peak["linux"] == round(kib / 1024) and peak["darwin"] == round(kib / 2**20)
+
+
+def test_without_coalescing_no_sample_calls_are_reported(monkeypatch):
+    import tinker_rl_data.tinker.coalesce  # noqa: F401 (imported in every worker that installs)
+
+    assert not _patch.installed()
+    _workers.reset()
+    rollout_here(monkeypatch, options=())
+    assert "sample calls" not in "\n".join(_workers.describe())
+    assert "merged_calls" not in _workers.seen()[0]["counters"]
+    _workers.reset()
+
+
+def test_rollouts_in_threads_add_up(monkeypatch):
+    """A Ray actor with max_concurrency > 1 runs rollouts in threads: every
+    rollout is counted once in the driver's totals."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    assert not _patch.installed()
+    _workers.reset()
+    rollout_here(monkeypatch, options=())
+    settings = _workers._worker.settings
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with ThreadPoolExecutor(8) as threads:
+            list(threads.map(lambda i: pickle.loads(pickle.dumps(_workers.run_rollout(settings, i))), range(2000)))
+    finally:
+        sys.setswitchinterval(previous)
+    assert _workers.totals()["counters"]["rollouts"] == 2001
+    assert _workers.seen()[0]["counters"]["rollouts"] == 2001
+    _workers.reset()
+
+
+def test_the_entry_and_a_result_pickle_by_value(installed):
+    """cloudpickle.register_pickle_by_value(workers): nothing of the
+    module's (its locks) travels with the entry or a result."""
+    cloudpickle = pytest.importorskip("ray.cloudpickle")
+    cloudpickle.register_pickle_by_value(_workers)
+    try:
+        sent = pickle.loads(cloudpickle.dumps(rollouts._run_rollout_sync))
+        assert type(sent) is _workers._WorkerEntry and sent.settings == _workers.current()
+        _workers.reset()
+        assert pickle.loads(cloudpickle.dumps(_workers._Delivery(("h", 1, "t"), "installed", {}, {"rollouts": 1}, {}, 5))) == 5
+        assert _workers.seen()[0]["pid"] == 1
+    finally:
+        cloudpickle.unregister_pickle_by_value(_workers)
+        _workers.reset()
+
+
+def spawn_pool(**initargs):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(
+        1, mp_context=multiprocessing.get_context("spawn"), initializer=worker_pool.set_up_worker, initargs=tuple(initargs.values())
+    )
+
+
+@pytest.mark.parametrize("missing", ["tinker_rl_data._core", "tinker_rl_data"])
+def test_a_worker_without_the_package_runs_the_cookbooks_rollout(installed, missing, capfd):
+    """A Ray node without the wheel, a platform without the native core:
+    unpickling the task needs nothing of ours; the worker runs the
+    cookbook's own rollout and says so once; the driver hears it ran stock."""
+    _workers.reset()
+    with spawn_pool(unimportable=(missing,)) as pool:
+        results = [pool.submit(rollouts._run_rollout_sync, i).result(timeout=600) for i in range(3)]
+    assert [r["task"] for r in results] == [0, 1, 2]
+    assert all(r["how"] is None for r in results)  # nothing of ours ran there
+    [entry] = _workers.seen()
+    assert entry["how"] == "stock" and entry["counters"] == {"rollouts": 3}
+    assert entry["left"][0][0] == "tinker_rl_data" and "Error" in entry["left"][0][1]  # why it does not load
+    assert _workers.totals()["how"] == {"stock": 1}
+    assert any(line.startswith("totals: 1 worker(s): 1 stock; 3 rollout(s)") for line in _workers.describe())
+    assert capfd.readouterr().err.count("the package does not load here") == 1
+    _workers.reset()
+
+
+def test_a_worker_applies_the_drivers_switches_over_its_own(monkeypatch):
+    """install(gc_headroom=0.3) wins over an inherited
+    TINKER_RL_DATA_GC_HEADROOM=0.1, and a node's own SKIP / DISABLE do not
+    change what the driver's install means there."""
+    monkeypatch.setenv("TINKER_RL_DATA_GC_HEADROOM", "0.1")  # inherited by the worker
+    _workers.reset()
+    tcookbook.install(gc_headroom=0.3)
+    try:
+        node = {"TINKER_RL_DATA_SKIP": "kl", "TINKER_RL_DATA_DISABLE": "1"}
+        with spawn_pool(unimportable=(), env=node) as pool:
+            back = pool.submit(rollouts._run_rollout_sync, "task").result(timeout=600)
+        driver = [title for title, _ in _patch.status().installed]
+    finally:
+        tcookbook.uninstall()
+        gc_step.configure()
+        _workers.reset()
+    assert back["how"] == "installed" and back["headroom"] == 0.3
+    # (the entry piece stays out there: the stand-in holds its name)
+    assert "compute_post_kl" in back["installed"] and set(back["installed"]) == set(driver) - {_workers.WORKERS_TITLE}
+    assert back["env"].get("TINKER_RL_DATA_GC_HEADROOM") == "0.3" and "TINKER_RL_DATA_DISABLE" not in back["env"]
 
 
 WORKER = textwrap.dedent(
@@ -193,7 +384,7 @@ WORKER = textwrap.dedent(
             for p in data_processing.FEATURE.pieces
         ),
     )
-    settings = _workers.Settings(("data", "gc", "step", "wire"), sys.argv[1] == "strict", (), ("another-host", 1))
+    settings = _workers.Settings(("data", "gc", "step", "wire"), sys.argv[1] == "strict", driver=("another-host", 1, "x"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:

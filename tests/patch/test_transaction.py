@@ -533,3 +533,57 @@ def test_gc_headroom_sets_the_guard_of_installs_collector(clean):
     finally:
         gc_step.configure()  # back to the defaults for the tests after
     assert gc_step.COLLECTOR.headroom is None  # from the environment, when a loop starts
+
+
+def test_probes_quiet_their_own_thread_only_and_two_installs_leave_logging_on(clean, monkeypatch):
+    """A probe's warnings (the cookbook's, on constant groups) are dropped
+    in the thread that probes; another thread's are not, and two installs
+    in two threads, their probes overlapping, leave logging as it was."""
+    import dataclasses
+    import logging
+    import threading
+
+    from tinker_rl_data.cookbook import data_processing as ours_data
+    from tinker_rl_data.cookbook import step as ours_step
+
+    entered, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    heard: list[str] = []
+
+    class Heard(logging.Handler):
+        def emit(self, record):
+            heard.append(record.getMessage())
+
+    def probing(probe, mine: threading.Event, then: threading.Event):
+        def wrapped(original, ours):
+            mine.set()
+            logging.getLogger("tinker_cookbook.rl.data_processing").warning("from a probe")
+            assert then.wait(60)
+            return probe(original, ours)
+
+        return wrapped
+
+    def with_probe(feature, name, probe):
+        pieces = tuple(dataclasses.replace(p, probe=probe(p.probe)) if p.name == name else p for p in feature.pieces)
+        return dataclasses.replace(feature, pieces=pieces)
+
+    # the first install's probe starts, the second's starts, the first ends, then the second
+    data = with_probe(ours_data.FEATURE, "compute_advantages", lambda p: probing(p, entered, second_in))
+    step = with_probe(ours_step.FEATURE, "_remove_mask", lambda p: probing(p, second_in, first_out))
+    handler = Heard(logging.WARNING)
+    logging.getLogger("tinker_cookbook").addHandler(handler)
+    try:
+        first = threading.Thread(target=lambda: (transaction.install([data], {"data"}, owner="first"), first_out.set()))
+        second = threading.Thread(target=lambda: transaction.install([step], {"step"}, owner="second"))
+        first.start()
+        assert entered.wait(60)
+        logging.getLogger("tinker_cookbook.rl.data_processing").warning("from the program")  # while a probe runs
+        second.start()
+        first.join(120)
+        second.join(120)
+        assert not first.is_alive() and not second.is_alive()
+        assert logging.root.manager.disable == logging.NOTSET
+        assert heard == ["from the program"]
+    finally:
+        logging.getLogger("tinker_cookbook").removeHandler(handler)
+        logging.disable(logging.NOTSET)  # (as the old save-and-restore could leave it)
+        transaction.uninstall()

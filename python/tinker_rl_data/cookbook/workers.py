@@ -14,19 +14,26 @@ The piece (:data:`PIECES`, feature ``"workers"``) puts a
 is the cookbook's function (a thread pool runs it as it is: the pieces are
 in that process already). Pickled, it carries the driver's settings as
 they are when the task is sent (:func:`follow` sets them at the end of
-``cookbook.install``, :func:`stop` clears them, the piece's undo too), and
-in the worker process:
+``cookbook.install``, :func:`stop` clears them, the piece's undo too) as
+plain data, and unpickling it needs nothing of this package
+(:func:`_reduce_by_source`). In the worker process:
 
-- once per process, before its first rollout, the patch layer's install with the
-  driver's options and its strict switch, with the
-  driver's ``TINKER_RL_DATA_*`` variables set where the worker has none:
-  the same pieces, each decided by its probe on the worker. A worker where
-  some are left out says so with one warning (in that worker) and goes on;
-  one whose install raises (a bug) warns once and runs the cookbook's
-  functions. With ``strict``, the worker's ``InstallError`` is raised by
-  the task, so the driver's run stops with it, as a strict install there
-  would. Settings ``None`` (the driver uninstalled before the task was
-  sent): the worker installs nothing.
+- where the package does not load (a node without the wheel, no native
+  core for the platform): the cookbook's own ``_run_rollout_sync``, with
+  one warning in that worker at its first rollout; its results tell the
+  driver it ran "stock".
+- once per process, before its first rollout, the patch layer's install
+  with the driver's options and switches as the driver resolved them
+  (strict, ``TINKER_RL_DATA_SKIP``, the GC headroom: install()'s
+  ``gc_headroom`` winning over any variable; the worker's own values of
+  these do not count), and the driver's other ``TINKER_RL_DATA_*``
+  variables where the worker has none: the same pieces, each decided by
+  its probe on the worker. A worker where some are left out says so with
+  one warning (in that worker) and goes on; one whose install raises (a
+  bug) warns once and runs the cookbook's functions. With ``strict``, the
+  worker's ``InstallError`` is raised by the task, so the driver's run
+  stops with it, as a strict install there would. Settings ``None`` (the
+  driver uninstalled or is disabled): the worker installs nothing.
 - with ``"gc"``: a group rollout is the worker's step. A
   :class:`~tinker_rl_data.cookbook.gc_step.StepCollector` with the driver's
   defaults (the same memory guard) is started at the first rollout (one
@@ -39,13 +46,16 @@ in the worker process:
 
 What the workers did, the driver sees: a worker's result travels back
 wrapped so that unpickling it in the driver hands the cookbook the plain
-result and records, per worker (host, pid), its install summary (with its
-first result) and its counters (rollouts, GC steps and collections,
-coalesced sample calls; with every result, a few dozen bytes).
-:func:`seen` returns them, :func:`describe` renders them for ``status()``,
-and each worker's first summary is logged once on the ``tinker_rl_data``
-logger: INFO when it installed what the driver did, WARNING naming what it
-left out otherwise.
+result and records, per worker (host, pid and a random token: two
+containers can share a host name and pid), its install summary (with its
+first result) and its counters (rollouts, CPU, peak RSS, GC steps and
+collections, coalesced sample calls; with every result, a few dozen
+bytes, cumulative and since its previous result). The record is bounded:
+totals over every worker (:func:`totals`) and the last :data:`SHOWN`
+workers in full (:func:`seen`); :func:`describe` renders both for
+``status()``, and each worker's first summary is logged once on the
+``tinker_rl_data`` logger: INFO when it installed what the driver did,
+WARNING naming what it left out otherwise.
 
 The feature's second piece, for the rollouts themselves: before CPython
 3.13, ``asyncio.run`` (once per group rollout in a worker) built the
@@ -70,15 +80,19 @@ a worker that lacks it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .. import switches
 from ..errors import InstallError, InstallWarning, NotNeeded, ProbeFailed
 from ..patch.feature import Feature, InstallCall
 from ..patch.piece import Piece
@@ -96,14 +110,19 @@ OWNER = "tinker_rl_data.cookbook"
 
 @dataclass(frozen=True)
 class Settings:
-    """What a worker installs: the driver's options, its strict switch
-    (resolved), its ``TINKER_RL_DATA_*`` variables, and who the driver is
-    (host, pid)."""
+    """What a worker installs, as the driver resolved it: its options, its
+    switches (strict, TINKER_RL_DATA_SKIP, the GC headroom: install()'s
+    ``gc_headroom``, else its TINKER_RL_DATA_GC_HEADROOM, "" for the
+    default), its other ``TINKER_RL_DATA_*`` variables, and who the driver
+    is (host, pid, token). Plain data: it travels as a dict of tuples,
+    strings and bools (:func:`_reduce_by_source`)."""
 
     options: tuple[str, ...]
     strict: bool
-    env: tuple[tuple[str, str], ...]
-    driver: tuple[str, int]
+    skip: tuple[str, ...] = ()
+    gc_headroom: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+    driver: tuple[str, int, str] = ("", 0, "")
     catalog: str = "tinker_rl_data.cookbook.features"
 
     def features(self) -> Any:
@@ -116,33 +135,45 @@ class Settings:
 
 _settings: Settings | None = None
 _settings_lock = threading.Lock()
+# The driver's installed pieces, for the line each worker's first result logs.
+_driver_titles: frozenset[str] = frozenset()
+
+# A process's identity: (host, pid) alone can be two containers' processes.
+_TOKEN = os.urandom(6).hex()
+
+#: The switches a worker takes from the driver as it resolved them, whatever
+#: the worker's own environment holds; its other variables fill in only.
+APPLIED = (switches.DISABLE, switches.STRICT, switches.SKIP, switches.GC_HEADROOM)
 
 
-def _me() -> tuple[str, int]:
-    return (socket.gethostname(), os.getpid())
+def _me() -> tuple[str, int, str]:
+    return (socket.gethostname(), os.getpid(), _TOKEN)
 
 
 def follow(
     options: Any, strict: bool | None = None, gc_headroom: float | None = None, catalog: str = Settings.catalog
 ) -> None:
     """The driver installed ``options`` (features of ``catalog``): the
-    workers will install the same (``cookbook.install`` calls this last);
-    ``gc_headroom``, install()'s option, travels as the worker's
-    ``TINKER_RL_DATA_GC_HEADROOM``."""
-    from .. import switches
+    workers will install the same with the driver's switches
+    (``cookbook.install`` calls this last); ``gc_headroom``, install()'s
+    option, wins over the variable."""
+    from ..patch import transaction as _patch
 
-    global _settings
+    global _settings, _driver_titles
     variables = switches.ours()
-    if gc_headroom is not None:
-        variables[switches.GC_HEADROOM] = repr(float(gc_headroom))
-    env = tuple(sorted(variables.items()))
+    headroom = repr(float(gc_headroom)) if gc_headroom is not None else variables.get(switches.GC_HEADROOM, "")
+    env = tuple(sorted((k, v) for k, v in variables.items() if k not in APPLIED))
+    titles = frozenset(title for title, _ in _patch.status().installed)
     with _settings_lock:
+        _driver_titles = titles
         if switches.disabled():
             _settings = None  # install() was a no-op: so are the workers'
             return
         _settings = Settings(
             options=tuple(sorted(set(options))),
             strict=switches.strict(strict),
+            skip=tuple(sorted(switches.skipped())),
+            gc_headroom=headroom.strip(),
             env=env,
             driver=_me(),
             catalog=catalog,
@@ -151,9 +182,10 @@ def follow(
 
 def stop() -> None:
     """No new worker installs (``cookbook.uninstall``, and the piece's undo)."""
-    global _settings
+    global _settings, _driver_titles
     with _settings_lock:
         _settings = None
+        _driver_titles = frozenset()
 
 
 def current() -> Settings | None:
@@ -164,11 +196,91 @@ def current() -> Settings | None:
 # The piece: rollouts._run_rollout_sync
 
 
+# Unpickling a task must not need this package: a worker without it (a Ray
+# node without the wheel, no native core for its platform) would raise
+# inside the pool's own worker loop, which breaks the whole pool. So the
+# entry, and a result on its way back, reduce to ``eval`` of a short
+# expression over plain data: where this module is loaded already it calls
+# it; elsewhere it runs a loader (source text, below) that tries to load
+# it. Loading them needs only the standard library.
+
+_HERE = "(here := __import__('sys').modules.get('tinker_rl_data.cookbook.workers'))"
+
+
+def _reduce_by_source(call: str, source: str, **names: Any) -> tuple[Any, tuple[Any, ...]]:
+    """A ``__reduce__`` value: unpickled, ``here.<call>`` where this module
+    is loaded, else ``source`` run (it sets ``out``), with ``names`` as
+    globals. (Compiling the loader costs ~1 ms: once in a worker where the
+    package loads, per task in one where it does not.)"""
+    return (eval, (f"here.{call} if {_HERE} else exec(source) or out", {"source": source, **names}))
+
+
+# In the worker: ours if the package loads, else the cookbook's own
+# function, wrapped so that the driver hears that this worker ran stock
+# (once per process: the state lives on the cookbook's module).
+_LOAD_ENTRY = """
+try:
+    from tinker_rl_data.cookbook.workers import Settings, _WorkerEntry
+    out = _WorkerEntry(None if settings is None else Settings(**settings))
+except Exception as exc:
+    import os, socket, warnings
+    from tinker_cookbook.rl import rollouts
+    why, run = f"{type(exc).__name__}: {exc}", rollouts._run_rollout_sync
+    stock = vars(rollouts).setdefault("_tinker_rl_data_stock", {"token": os.urandom(6).hex(), "rollouts": 0})
+
+    class Back:
+        def __init__(self, *args):
+            self.args = args
+
+        def __reduce__(self):
+            worker, summary, rollouts, result = self.args
+            return (eval, ("exec(source) or out", {"source": receive, "worker": worker, "how": "stock",
+                    "summary": summary, "counters": {"rollouts": rollouts}, "delta": {"rollouts": 1}, "result": result}))
+
+    def out(task):
+        result = run(task)
+        me = (socket.gethostname(), os.getpid(), stock["token"])
+        if settings is None or tuple(settings["driver"][:2]) == me[:2]:
+            return result
+        stock["rollouts"] += 1
+        summary = None
+        if "why" not in stock:
+            stock["why"] = why
+            summary = {"options": [], "installed": [], "left": [("tinker_rl_data", why)]}
+            try:  # (under -W error a warning raises: the rollout's result still goes back)
+                warnings.warn(f"tinker_rl_data: rollout worker {me[1]}: the package does not load here ({why}): "
+                              "the cookbook's rollout runs as it is", RuntimeWarning)
+            except Exception:
+                pass
+        return Back(me, summary, stock["rollouts"], result)
+"""
+
+# In the driver: the result, and what the worker did recorded (the result
+# alone in a process without the package).
+_RECEIVE = """
+try:
+    from tinker_rl_data.cookbook.workers import _received
+except Exception:
+    def _received(worker, how, summary, counters, delta, result):
+        return result
+out = _received(worker, how, summary, counters, delta, result)
+"""
+
+
+_ENTRY_CALL = "_WorkerEntry(None if settings is None else here.Settings(**settings))"
+_RECEIVE_CALL = "_received(worker, how, summary, counters, delta, result)"
+
+
+def _plain(settings: Settings | None) -> dict[str, Any] | None:
+    return None if settings is None else dataclasses.asdict(settings)
+
+
 class RolloutEntry:
     """What ``rollouts._run_rollout_sync`` holds while installed. Called in
     the driver's process (a thread pool): the cookbook's function. Pickled
     (a process pool, Ray): a :class:`_WorkerEntry` with the driver's
-    settings of that moment."""
+    settings of that moment where the package loads, the cookbook's own
+    function (saying so) where it does not."""
 
     def __init__(self, original: Callable[..., Any]) -> None:
         self.original = original
@@ -181,7 +293,7 @@ class RolloutEntry:
         return self.original(task)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (_WorkerEntry, (_settings,))
+        return _reduce_by_source(_ENTRY_CALL, _LOAD_ENTRY, settings=_plain(_settings), receive=_RECEIVE)
 
     def __repr__(self) -> str:
         return f"<tinker_rl_data worker entry for {ROLLOUTS_MODULE}.{ENTRY_NAME}>"
@@ -197,7 +309,7 @@ class _WorkerEntry:
         return run_rollout(self.settings, task)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (_WorkerEntry, (self.settings,))
+        return _reduce_by_source(_ENTRY_CALL, _LOAD_ENTRY, settings=_plain(self.settings), receive=_RECEIVE)
 
 
 def make_entry(original: Callable[..., Any]) -> RolloutEntry:
@@ -241,7 +353,7 @@ class _RunningLoop:
 @dataclass
 class _Worker:
     settings: Settings | None = None
-    how: str = ""  # installed, inherited, failed, disabled
+    how: str = ""  # installed, inherited, failed, disabled (a worker without the package: "stock")
     installed: list[str] = field(default_factory=list)
     left: list[tuple[str, str]] = field(default_factory=list)
     probe_ms: float = 0.0
@@ -250,6 +362,10 @@ class _Worker:
     rollouts: int = 0
     step_gc_ms: float = 0.0
     summary_sent: bool = False
+    # What the last result carried (its deltas are since then); a Ray actor
+    # may run rollouts in several threads.
+    sent: dict[str, Any] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 _worker: _Worker | None = None
@@ -265,6 +381,24 @@ def _original() -> Callable[..., Any]:
     return function  # type: ignore[no-any-return]
 
 
+def _apply(settings: Settings) -> None:
+    """The driver's switches as it resolved them replace this process's own
+    (an inherited or a node's variable does not win: install()'s arguments
+    mean the same here); its other variables fill in where this one has none."""
+    driver = {
+        switches.SKIP: ",".join(settings.skip),
+        switches.STRICT: "1" if settings.strict else "",
+        switches.GC_HEADROOM: settings.gc_headroom,
+    }
+    for key in APPLIED:
+        if driver.get(key):
+            os.environ[key] = driver[key]
+        else:
+            os.environ.pop(key, None)  # DISABLE too: a disabled driver sends no settings
+    for key, value in settings.env:
+        os.environ.setdefault(key, value)
+
+
 def _set_up(settings: Settings) -> _Worker:
     """Install in this process, once."""
     from ..patch import transaction as _patch
@@ -276,8 +410,7 @@ def _set_up(settings: Settings) -> _Worker:
         state.how = "inherited"
         state.installed = [title for title, _ in _patch.status().installed]
     else:
-        for key, value in settings.env:
-            os.environ.setdefault(key, value)
+        _apply(settings)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -340,31 +473,58 @@ def run_rollout(settings: Settings | None, task: Any) -> Any:
             state.step_gc_ms += (time.perf_counter() - start) * 1e3
     if settings.driver == _me():
         return result  # not pickled back: the cookbook's result as it is
-    summary = None
-    if not state.summary_sent:
-        state.summary_sent = True
-        summary = {
-            "how": state.how,
-            "options": list(settings.options),
-            "installed": state.installed,
-            "left": state.left,
-            "probe_ms": round(state.probe_ms, 1),
-            "setup_ms": round(state.setup_ms, 1),
-        }
-    return _Delivery(_me(), summary, _counters(state), result)
+    return _delivery(state, result)
+
+
+#: Counters a worker's results carry that add up over workers (each result
+#: carries them since the worker's previous one too).
+ADDITIVE = (
+    "rollouts",
+    "cpu_ms",
+    "gc_steps",
+    "gc_step_ms",
+    "gc_guard_collections",
+    "gc_young_collections",
+    "merged_calls",
+    "merged_requests",
+)
+
+
+def _delivery(state: _Worker, result: Any) -> _Delivery:
+    with state.lock:  # one snapshot per result, in order: the deltas add up to the last one
+        counters = _counters(state)
+        delta = {key: counters[key] - state.sent.get(key, 0) for key in ADDITIVE if key in counters}
+        state.sent = counters
+        summary = None
+        if not state.summary_sent:
+            state.summary_sent = True
+            summary = {
+                "options": list(state.settings.options) if state.settings else [],
+                "installed": state.installed,
+                "left": state.left,
+                "probe_ms": round(state.probe_ms, 1),
+                "setup_ms": round(state.setup_ms, 1),
+            }
+    return _Delivery(_me(), state.how, summary, counters, delta, result)
+
+
+def _peak_rss_mb() -> float | None:
+    """The process's peak RSS in MiB, where the platform says (``resource``:
+    KiB on Linux, bytes on macOS); None on Windows, which has no
+    ``resource`` (its peak working set would need the Win32 API)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (2**20 if sys.platform == "darwin" else 2**10))
 
 
 def _counters(state: _Worker) -> dict[str, Any]:
-    import sys
-
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    out: dict[str, Any] = {
-        "rollouts": state.rollouts,
-        "cpu_ms": round((usage.ru_utime + usage.ru_stime) * 1e3),
-        "peak_rss_mb": round(usage.ru_maxrss / 1024),
-    }
+    out: dict[str, Any] = {"rollouts": state.rollouts, "cpu_ms": round(time.process_time() * 1e3)}
+    peak = _peak_rss_mb()
+    if peak is not None:
+        out["peak_rss_mb"] = peak
     if state.collector is not None:
         out["gc_step_ms"] = round(state.step_gc_ms, 1)
         stats = state.collector.stats
@@ -373,7 +533,7 @@ def _counters(state: _Worker) -> dict[str, Any]:
         out["gc_young_collections"] = stats.young_collections
         out["gc_froze"] = stats.froze
     coalesce = sys.modules.get("tinker_rl_data.tinker.coalesce")
-    if coalesce is not None:
+    if coalesce is not None and state.settings is not None and "coalesce" in state.settings.options:
         out.update(coalesce.counts())
     return out
 
@@ -382,83 +542,156 @@ class _Delivery:
     """A worker's result on its way back: unpickled (in the driver) it is
     the result itself, and what the worker reported is recorded."""
 
-    __slots__ = ("worker", "summary", "counters", "result")
+    __slots__ = ("worker", "how", "summary", "counters", "delta", "result")
 
-    def __init__(self, worker: tuple[str, int], summary: dict[str, Any] | None, counters: dict[str, Any], result: Any):
-        self.worker, self.summary, self.counters, self.result = worker, summary, counters, result
+    def __init__(
+        self,
+        worker: tuple[str, int, str],
+        how: str,
+        summary: dict[str, Any] | None,
+        counters: dict[str, Any],
+        delta: dict[str, Any],
+        result: Any,
+    ) -> None:
+        self.worker, self.how, self.summary, self.result = worker, how, summary, result
+        self.counters, self.delta = counters, delta
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (_received, (self.worker, self.summary, self.counters, self.result))
+        names = {name: getattr(self, name) for name in self.__slots__}
+        return _reduce_by_source(_RECEIVE_CALL, _RECEIVE, **names)
 
 
 # --------------------------------------------------------------------------
-# In the driver: what the workers reported
+# In the driver: what the workers reported, bounded: totals over every
+# worker seen and the last few workers in full (a run that recycles its
+# workers sees thousands).
 
-_seen: dict[tuple[str, int], dict[str, Any]] = {}
+#: Workers kept in full (by their latest result).
+SHOWN = 8
+
+
+@dataclass
+class _Totals:
+    workers: int = 0  # whose first result came
+    how: Counter[str] = field(default_factory=Counter)
+    left: Counter[str] = field(default_factory=Counter)  # piece -> workers that left it out
+    counters: dict[str, Any] = field(default_factory=dict)  # ADDITIVE summed, peak_rss_mb the largest
+
+
+_recent: OrderedDict[tuple[str, int, str], dict[str, Any]] = OrderedDict()
+_totals = _Totals()
 _seen_lock = threading.Lock()
 
 
-def _received(worker: tuple[str, int], summary: dict[str, Any] | None, counters: dict[str, Any], result: Any) -> Any:
+def _received(
+    worker: tuple[str, int, str],
+    how: str,
+    summary: dict[str, Any] | None,
+    counters: dict[str, Any],
+    delta: dict[str, Any],
+    result: Any,
+) -> Any:
     try:
         with _seen_lock:
-            entry = _seen.setdefault(tuple(worker), {"host": worker[0], "pid": worker[1]})  # type: ignore[arg-type]
-            first = summary is not None and "how" not in entry
+            key = (worker[0], worker[1], worker[2])  # (a list, after some pickling)
+            entry = _recent.pop(key, None) or {"host": worker[0], "pid": worker[1]}
+            _recent[key] = entry
+            if len(_recent) > SHOWN:
+                _recent.popitem(last=False)
+            entry["how"] = how
+            # a worker's counters only grow; results from its threads may arrive out of order
+            known = entry.get("counters", {})
+            entry["counters"] = {name: max(value, known.get(name, value)) for name, value in counters.items()}
             if summary is not None:
                 entry.update(summary)
-            entry["counters"] = dict(counters)
-        if first:
-            _log_worker(entry)
+                _totals.workers += 1
+                _totals.how[how] += 1
+                _totals.left.update(title for title, _ in summary.get("left", ()))
+            for name, value in delta.items():
+                _totals.counters[name] = _totals.counters.get(name, 0) + value
+            if counters.get("peak_rss_mb") is not None:
+                _totals.counters["peak_rss_mb"] = max(_totals.counters.get("peak_rss_mb", 0), counters["peak_rss_mb"])
+            if summary is not None:
+                line, level = _worker_line(entry)
+        if summary is not None:
+            logger.log(level, line)
     except Exception:  # never fail the result's delivery
         pass
     return result
 
 
-def _log_worker(entry: dict[str, Any]) -> None:
-    from ..patch import transaction as _patch
-
-    driver = {title for title, _ in _patch.status().installed}
-    missing = sorted(driver - set(entry.get("installed", ())))
+def _worker_line(entry: dict[str, Any]) -> tuple[str, int]:
+    """The line a worker's first result logs: INFO when it installed what
+    the driver did (as of the driver's last install), WARNING otherwise."""
+    missing = sorted(_driver_titles - set(entry.get("installed", ())))
     line = (
         f"tinker_rl_data: rollout worker {entry['host']}:{entry['pid']}: {entry.get('how')}, "
         f"{len(entry.get('installed', ()))} piece(s), probes {entry.get('probe_ms', 0):.0f} ms"
     )
     if missing or entry.get("how") not in ("installed", "inherited"):
-        logger.warning("%s; not in this worker: %s", line, ", ".join(missing) or "all")
-    else:
-        logger.info(line)
+        return f"{line}; not in this worker: {', '.join(missing) or 'all'}", logging.WARNING
+    return line, logging.INFO
 
 
 def seen() -> list[dict[str, Any]]:
-    """Per worker that sent a result back since the last :func:`reset`:
-    host, pid, how (installed, inherited, failed, disabled), options,
-    installed (titles), left ((title, why)), probe_ms, setup_ms (the
-    worker's install: imports, probes, the collector's first collection
-    and freeze), and counters
-    (rollouts, cpu_ms and peak_rss_mb of the worker process, gc_steps,
-    gc_step_ms (the full collections at the rollouts' ends),
-    gc_guard_collections, gc_young_collections, gc_froze, merged_calls,
-    merged_requests: as of its latest result)."""
+    """The last :data:`SHOWN` workers that sent a result back since the
+    last :func:`reset` (oldest first): host, pid, how (installed,
+    inherited, failed, disabled; stock: the package does not load there),
+    options, installed (titles), left ((title, why)), probe_ms, setup_ms
+    (the worker's install: imports, probes, the collector's first
+    collection and freeze), and counters (rollouts, cpu_ms and peak_rss_mb
+    of the worker process (no peak_rss_mb on Windows), gc_steps, gc_step_ms
+    (the full collections at the rollouts' ends), gc_guard_collections,
+    gc_young_collections, gc_froze, merged_calls, merged_requests (with
+    coalescing): as of its latest result). Every worker's: :func:`totals`."""
     with _seen_lock:
-        return [dict(entry) for entry in _seen.values()]
+        return [dict(entry) for entry in _recent.values()]
+
+
+def totals() -> dict[str, Any]:
+    """Over every worker seen since the last :func:`reset`: workers (how
+    many sent a first result), how (workers per how), left (piece title ->
+    workers that left it out), counters (:data:`ADDITIVE` summed,
+    peak_rss_mb the largest)."""
+    with _seen_lock:
+        return {
+            "workers": _totals.workers,
+            "how": dict(_totals.how),
+            "left": dict(_totals.left),
+            "counters": dict(_totals.counters),
+        }
 
 
 def reset() -> None:
+    global _totals
     with _seen_lock:
-        _seen.clear()
+        _recent.clear()
+        _totals = _Totals()
 
 
-def describe(entries: list[dict[str, Any]] | None = None) -> list[str]:
-    """Lines for the report: one per worker."""
-    entries = seen() if entries is None else entries
-    lines = []
+def _counts_text(c: dict[str, Any]) -> str:
+    gc_part = f", GC steps {c['gc_steps']}" if "gc_steps" in c else ""
+    merged = f", {c['merged_calls']} sample calls sent as {c.get('merged_requests', 0)}" if "merged_calls" in c else ""
+    return f"{c.get('rollouts', 0)} rollout(s){gc_part}{merged}"
+
+
+def describe() -> list[str]:
+    """Lines for the report: the totals over every worker seen, then one
+    per worker of the last few (:func:`seen`)."""
+    entries, total = seen(), totals()
+    if not entries:
+        return []
+    n = total["workers"]
+    shown = f" (last {len(entries)} shown)" if n > len(entries) else ""
+    hows = ", ".join(f"{count} {how}" for how, count in sorted(total["how"].items()))
+    left = total["left"]
+    left_part = f"; left: {', '.join(f'{t} ({k})' for t, k in sorted(left.items()))}" if left else ""
+    lines = [f"totals: {n} worker(s){shown}: {hows}; {_counts_text(total['counters'])}{left_part}"]
     for e in entries:
-        c = e.get("counters", {})
-        extra = f", {c.get('merged_calls', 0)} sample calls sent as {c.get('merged_requests', 0)}" if "merged_calls" in c else ""
-        gc_part = f", GC steps {c['gc_steps']}" if "gc_steps" in c else ""
-        left = f", left: {', '.join(t for t, _ in e.get('left', ()))}" if e.get("left") else ""
+        left_titles = f", left: {', '.join(t for t, _ in e.get('left', ()))}" if e.get("left") else ""
         lines.append(
-            f"{e['host']}:{e['pid']} {e.get('how', '?')}: {len(e.get('installed', ()))} piece(s){left}; "
-            f"{c.get('rollouts', 0)} rollout(s){gc_part}{extra}"
+            f"{e['host']}:{e['pid']} {e.get('how', '?')}: {len(e.get('installed', ()))} piece(s){left_titles}; "
+            f"{_counts_text(e.get('counters', {}))}"
         )
     return lines
 

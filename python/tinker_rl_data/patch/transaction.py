@@ -25,10 +25,12 @@ and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -141,6 +143,36 @@ def _is_own(function: Any, piece: Piece) -> bool:
     )
 
 
+class _ThreadQuiet(logging.Filter):
+    """Drops the records up to WARNING that one thread logs (a filter runs
+    in the thread that logs); other threads' pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.WARNING or threading.get_ident() != self.thread
+
+
+@contextlib.contextmanager
+def _quiet_here() -> Iterator[None]:
+    """Records up to WARNING from this thread, on every logger there is,
+    dropped while the block runs: scoped to this thread, where
+    ``logging.disable`` (process-wide, saved and restored) lets another
+    thread's install leave logging disabled and silences the program's
+    other threads."""
+    quiet = _ThreadQuiet()
+    loggers = [logging.root, *(x for x in list(logging.Logger.manager.loggerDict.values()) if isinstance(x, logging.Logger))]
+    for each in loggers:
+        each.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for each in loggers:
+            each.removeFilter(quiet)
+
+
 @dataclass
 class _Plan:
     piece: Piece
@@ -179,17 +211,15 @@ def _plan(piece: Piece, report: Report) -> _Plan:
     except Exception as exc:
         raise _Left(f"ours cannot be made for this version ({type(exc).__name__}: {exc})") from None
     start = time.perf_counter()
-    quiet = logging.root.manager.disable
-    logging.disable(logging.WARNING)  # the probes' constant groups make the cookbook warn
     try:
-        piece.probe(original, ours)
+        with _quiet_here():  # the probes' constant groups make the cookbook warn
+            piece.probe(original, ours)
     except NotNeeded as exc:
         raise _Left(str(exc), expected=True) from None
     except Exception as exc:
         what = "" if isinstance(exc, ProbeFailed) else f"{type(exc).__name__}: "
         raise _Left(f"probe failed: {what}{exc}") from None
     finally:
-        logging.disable(quiet)
         probe_ms = (time.perf_counter() - start) * 1e3
         report.entries[piece.where].probe_ms = probe_ms
         report.probe_ms += probe_ms
