@@ -143,23 +143,38 @@ def program_froze() -> bool:
     return gc.get_freeze_count() > _INTERPRETER_FROZEN
 
 
+class _StatmReader:
+    """This process's resident set size in bytes, from /proc/self/statm.
+    The descriptor is per process: a forked child's copy reads its parent
+    (``/proc/self`` is resolved at open) and fails once the parent exits,
+    so a child opens its own (a pid check: ~1 us; opening the file per
+    read costs ~40 us more). The inherited one is left open there: its
+    number may be another file's by then. (No lock: a fork would copy a
+    held one; two threads opening at once leave one descriptor unused.)"""
+
+    def __init__(self) -> None:
+        self._pid = 0
+        self._fd = -1
+
+    def __call__(self) -> int:
+        if self._pid != os.getpid():
+            self._fd = os.open("/proc/self/statm", os.O_RDONLY)
+            self._pid = os.getpid()
+        return int(os.pread(self._fd, 128, 0).split()[1]) * _PAGE
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_STATM = _StatmReader()
+
+
 def _rss_reader() -> Callable[[], int] | None:
-    """Current resident set size in bytes, from /proc (None elsewhere)."""
+    """The reader of this process's RSS in bytes (None without /proc:
+    macOS, Windows)."""
     try:
-        fd = os.open("/proc/self/statm", os.O_RDONLY)
-    except OSError:
-        return None
-    page = os.sysconf("SC_PAGE_SIZE")
-
-    def read() -> int:
-        return int(os.pread(fd, 128, 0).split()[1]) * page
-
-    try:
-        read()
+        _STATM()
     except (OSError, ValueError, IndexError):
-        os.close(fd)
         return None
-    return read
+    return _STATM
 
 
 @dataclass
@@ -172,6 +187,7 @@ class StepStats:
     froze: int = 0  # objects frozen when the loop started
     step_ends_added: int = 0  # step functions the loop wrapper put the step's end around
     peak_limit: int = 0  # the guard's highest RSS limit (bytes)
+    rss_failures: int = 0  # loops whose RSS bound ended as a read of RSS failed
 
 
 class StepCollector:
@@ -207,6 +223,7 @@ class StepCollector:
         self._depth = 0
         self._saved: tuple[bool, tuple[int, ...]] | None = None
         self._froze = False
+        self._settled = False  # the first collection (and freeze) done: steps held without a loop
         self._passive = False
         self._own_collect = False
         self._guard_armed = False
@@ -246,30 +263,14 @@ class StepCollector:
     # -- the loop and its steps ------------------------------------------------
 
     def loop_started(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """``loop``: where the guard's early collections run (none without)."""
+        """``loop``: where the guard's early collections run (none without).
+        One full collection, the freeze, then the policy; if any of it
+        raises, the collector is as the program had it (and not active)."""
         with self._lock:
-            self._depth += 1
-            if self._depth > 1:
+            if self._depth:
+                self._depth += 1
                 return
-            self._loop = loop
-            if not gc.isenabled() or gc.get_threshold()[0] == 0:
-                # The program turned the collector off: leave it so.
-                self._passive = True
-                return
-            if self.headroom_setting is _FROM_ENV:
-                self.headroom = headroom_from_env()
-            wants_rss = self.headroom is not None or self.max_rss_growth is not None
-            self._rss = _rss_reader() if wants_rss and self._rss is None else self._rss
-            self._saved = (gc.isenabled(), gc.get_threshold())
-            self.young = self.young_setting or max(1, gc.get_threshold()[0])
-            self._collect()
-            if self.freeze and not program_froze():
-                gc.freeze()
-                self._froze = True
-                self.stats.froze = gc.get_freeze_count()
-            gc.callbacks.append(self._on_collection)
-            self._step_started(new_step=True)
-            gc.enable()
+            self._hold(loop, settle=True)
 
     def loop_ended(self) -> None:
         with self._lock:
@@ -288,13 +289,58 @@ class StepCollector:
             self.stats.step_collections += 1
             self._step_started(new_step=True)
 
-    def restore(self) -> None:
-        """Put the collector's state back now, even inside a running loop
-        (whose later steps then leave the collector alone)."""
+    def settle(self) -> None:
+        """Ahead of steps held without a loop (a rollout worker's setup):
+        what a loop's start does first, once (a full collection, then the
+        freeze); nothing if the program turned the collector off."""
+        with self._lock:
+            if self._depth or self._settled or not gc.isenabled() or gc.get_threshold()[0] == 0:
+                return
+            try:
+                self._settle()
+            except BaseException:
+                self._put_back()
+                raise
+
+    def step_held(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """A step with no training loop around it (a rollout worker's group
+        rollout) starts: the policy holds until :meth:`step_released`. The
+        first does what a loop's start does (a full collection, the
+        freeze); later ones collect nothing (the last step's end did), and
+        the freeze stays between steps (:meth:`restore` ends it). Inside a
+        running loop, one more level of it."""
         with self._lock:
             if self._depth:
-                self._depth = 0
-                self._put_back()
+                self._depth += 1
+                return
+            self._hold(loop, settle=not self._settled)
+
+    def step_released(self) -> None:
+        """The step :meth:`step_held` started ends: one full collection,
+        then the program's thresholds, enabled flag and callbacks back (its
+        own collections run between steps), the freeze kept."""
+        with self._lock:
+            if self._depth == 0:
+                return
+            self._depth -= 1
+            if self._depth:
+                return
+            try:
+                if not self._passive:
+                    self.stats.steps += 1
+                    self._collect()
+                    self.stats.step_collections += 1
+            finally:
+                self._put_back(unfreeze=False)
+
+    def restore(self) -> None:
+        """Put the collector's state back now, even inside a running loop
+        (whose later steps then leave the collector alone), and end a
+        freeze kept between held steps."""
+        with self._lock:
+            self._depth = 0
+            self._put_back()
+            self._settled = False
 
     @property
     def active(self) -> bool:
@@ -311,8 +357,9 @@ class StepCollector:
         @functools.wraps(original)
         async def loop(*args: Any, **kwargs: Any) -> Any:
             self.loop_started(asyncio.get_running_loop())
-            added = self._add_step_ends(original)
+            added = []
             try:
+                added = self._add_step_ends(original)
                 return await original(*args, **kwargs)
             finally:
                 for namespace, name, theirs, ours in added:
@@ -377,6 +424,43 @@ class StepCollector:
             self.stats.step_ends_added += 1
         return added
 
+    def _hold(self, loop: asyncio.AbstractEventLoop | None, settle: bool) -> None:
+        """From inactive: the policy from here (``settle``: after one full
+        collection and the freeze). Active only once all of it is in place;
+        on an exception, what it changed is put back."""
+        if not gc.isenabled() or gc.get_threshold()[0] == 0:
+            # The program turned the collector off: leave it so.
+            self._passive = True
+            self._depth = 1
+            return
+        headroom = headroom_from_env() if self.headroom_setting is _FROM_ENV else self.headroom
+        froze, settled = self._froze, self._settled
+        try:
+            self.headroom = headroom
+            self._loop = loop
+            wants_rss = self.headroom is not None or self.max_rss_growth is not None
+            self._rss = _rss_reader() if wants_rss and self._rss is None else self._rss
+            self._saved = (gc.isenabled(), gc.get_threshold())
+            self.young = self.young_setting or max(1, gc.get_threshold()[0])
+            if settle:
+                self._settle()
+            gc.callbacks.append(self._on_collection)
+            self._step_started(new_step=True)
+            gc.enable()
+        except BaseException:
+            self._put_back(unfreeze=not froze)
+            self._settled = settled
+            raise
+        self._depth = 1
+
+    def _settle(self) -> None:
+        self._collect()
+        if self.freeze and not program_froze():
+            gc.freeze()
+            self._froze = True
+            self.stats.froze = gc.get_freeze_count()
+        self._settled = True
+
     def _collect(self) -> int:
         self._own_collect = True
         try:
@@ -392,8 +476,10 @@ class StepCollector:
         if new_step:
             self._kept = 0
         self._next_tracked_check = self._survivors_bound() if self.max_tracked is not None else 0
-        if self._rss is not None:
-            rss = self._rss()
+        rss = self._read_rss()
+        if rss is None:
+            self._rss_limit = None
+        else:
             if new_step or not self._rss_step:
                 self._rss_step = rss
             headroom = self._rss_headroom(grown=rss - self._rss_step)
@@ -419,17 +505,29 @@ class StepCollector:
         assert self.max_tracked is not None
         return max(self.max_tracked, int(GROWTH_FRACTION * self._kept))
 
-    def _put_back(self) -> None:
+    def _read_rss(self) -> int | None:
+        """RSS in bytes (None: no reader). A read that fails (OSError) ends
+        the RSS bound for this loop, quietly (counted in the stats): it
+        runs in the user's loop and inside collections."""
+        if self._rss is None:
+            return None
         try:
+            return self._rss()
+        except (OSError, ValueError, IndexError):
+            self._rss = None
+            self._rss_limit = None
+            self.stats.rss_failures += 1
+            return None
+
+    def _put_back(self, unfreeze: bool = True) -> None:
+        while self._on_collection in gc.callbacks:
             gc.callbacks.remove(self._on_collection)
-        except ValueError:
-            pass
         if self._saved is not None:
             enabled, thresholds = self._saved
             gc.set_threshold(*thresholds)
             (gc.enable if enabled else gc.disable)()
             self._saved = None
-        if self._froze:
+        if self._froze and unfreeze:
             gc.unfreeze()
             self._froze = False
         self._guard_armed = False
@@ -479,7 +577,8 @@ class StepCollector:
         if now - self._last_check < _RSS_CHECK_INTERVAL:
             return False
         self._last_check = now
-        return self._rss() > self._rss_limit
+        rss = self._read_rss()
+        return rss is not None and self._rss_limit is not None and rss > self._rss_limit
 
 
 def _survivors() -> int:
