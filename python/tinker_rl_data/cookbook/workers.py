@@ -292,14 +292,16 @@ def _set_up(settings: Settings) -> _Worker:
                 InstallWarning,
                 stacklevel=2,
             )
-    if "gc" in settings.options and state.how in ("installed", "inherited"):
+    if _patch.installed("gc"):
+        # The gc pieces went in here (not skipped, probes passed): each
+        # rollout is a step (run_rollout holds the collector to it).
         from . import gc_step as _gc_step
 
         if _gc_step.COLLECTOR.active and state.how == "inherited" and settings.driver != _me():
             _gc_step.COLLECTOR.restore()  # a copy of the driver's loop state
         if not _gc_step.COLLECTOR.active:
             state.collector = _gc_step.StepCollector()
-            state.collector.loop_started(_RunningLoop())
+            state.collector.settle()
     return state
 
 
@@ -317,13 +319,15 @@ def run_rollout(settings: Settings | None, task: Any) -> Any:
                 _worker = _set_up(settings)
                 _worker.setup_ms = (time.perf_counter() - start) * 1e3
     state = _worker
+    if state.collector is not None:
+        state.collector.step_held(_RunningLoop())
     try:
         result = original(task)
     finally:
         state.rollouts += 1
         if state.collector is not None:
             start = time.perf_counter()
-            state.collector.step_ended()
+            state.collector.step_released()
             state.step_gc_ms += (time.perf_counter() - start) * 1e3
     if settings.driver == _me():
         return result  # not pickled back: the cookbook's result as it is
