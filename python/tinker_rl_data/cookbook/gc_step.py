@@ -17,7 +17,10 @@ the step's GC time. Here, while tinker-cookbook's training loop runs:
 - a guard for memory, relative to the process: when RSS passes the
   step's *limit*, one full collection runs early, on the training loop's
   event loop (a collection cannot start from inside another, where the
-  guard looks; RSS is read at most every 50 ms, at young collections).
+  guard looks; RSS is read at most every 50 ms, at young collections,
+  from ``/proc/self/statm``: a forked child reads its own; a read that
+  fails ends the RSS bound for that loop, quietly; without /proc, on
+  macOS and Windows, there is no RSS bound).
   The limit is the RSS after this collector's last full collection plus a
   *headroom*: ``headroom`` times the RSS when the step started (0.15 by
   default), at least ``min_headroom`` bytes (32 MiB: a small process is
@@ -52,7 +55,18 @@ the step's GC time. Here, while tinker-cookbook's training loop runs:
   same whichever of the step pieces went in, so long as the loop's did.
   Without the loop's piece the collector stays as the program left it;
 - when the loop returns or raises, and on :meth:`StepCollector.restore`,
-  the collector's state (enabled, thresholds, frozen objects) is put back.
+  the collector's state (enabled, thresholds, frozen objects, callbacks) is
+  put back; a loop start that raises (the headroom's warning under
+  ``-W error``, an interrupt in the first collection) leaves it as it was,
+  the collector not active.
+
+Steps with no training loop around them (a rollout worker's group
+rollouts, :mod:`.workers`): :meth:`StepCollector.settle` once (the full
+collection and the freeze), then :meth:`StepCollector.step_held` and
+:meth:`StepCollector.step_released` around each step: the same policy
+inside it, one full collection at its end, and between steps the
+program's thresholds, enabled flag and callbacks (its other code is
+collected as without this module); only the freeze stays.
 
 Nothing here changes what the trainer computes, only when the collector
 runs. The step boundary is the function each of ``rl.train``'s loops calls

@@ -27,14 +27,16 @@ in the worker process:
   the task, so the driver's run stops with it, as a strict install there
   would. Settings ``None`` (the driver uninstalled before the task was
   sent): the worker installs nothing.
-- with ``"gc"``: a group rollout is the worker's step. A
+- where the gc pieces went in (``"gc"`` asked, not skipped, probes
+  passed): a group rollout is the worker's step. A
   :class:`~tinker_rl_data.cookbook.gc_step.StepCollector` with the driver's
-  defaults (the same memory guard) is started at the first rollout (one
-  full collection, the worker's imports frozen), holds the collector to
-  young collections during each rollout and collects fully at its end; the
-  guard's early collection runs on whichever event loop is running where
-  it fires (the rollout's own ``asyncio.run`` loop or tinker's client
-  thread).
+  defaults (the same memory guard) settles at the install (one full
+  collection, the worker's imports frozen), holds the collector to young
+  collections during each rollout, collects fully at its end and puts the
+  program's thresholds and callbacks back until the next (the freeze
+  stays); the guard's early collection runs on whichever event loop is
+  running where it fires (the rollout's own ``asyncio.run`` loop or
+  tinker's client thread).
 - then the cookbook's own ``_run_rollout_sync``.
 
 What the workers did, the driver sees: a worker's result travels back
