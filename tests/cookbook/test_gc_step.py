@@ -304,6 +304,34 @@ def test_a_step_that_keeps_its_objects_is_not_collected_over_and_over():
     assert 5 <= collector.stats.guard_collections <= 16, collector.stats
 
 
+def test_a_step_s_survivors_are_bounded_relative_to_the_process():
+    # Cycles that outlive a few young collections and then die, far more
+    # of them than the objects the process holds: RSS cannot see that
+    # their room is reused, their count can.
+    collector = StepCollector(headroom=None)
+
+    async def step() -> int:
+        collector.loop_started(asyncio.get_running_loop())
+        try:
+            window: list[Node] = []
+            for i in range(1_000_000):
+                a, b = Node(), Node()
+                a.other, b.other = b, a
+                window.append(a)
+                if len(window) > 30_000:
+                    del window[:10_000]
+                if i % 1_000 == 0:
+                    await asyncio.sleep(0)  # where the guard's collection runs
+            return len(gc.get_objects(generation=1))
+        finally:
+            collector.loop_ended()
+
+    survivors = asyncio.run(step())
+    assert collector.stats.guard_collections >= 2, collector.stats
+    held = collector._held
+    assert survivors <= max(held, _gc_step.MIN_SURVIVORS_BOUND) + 10_000, (survivors, held)
+
+
 def test_no_full_collection_inside_a_step():
     collector = StepCollector(young=1_000, headroom=None, max_tracked=None)
     full = []

@@ -41,10 +41,17 @@ the step's GC time. Here, while tinker-cookbook's training loop runs:
   ``StepCollector(headroom=...)``, for install()'s collector by
   :func:`configure`, or by the environment
   variable ``TINKER_RL_DATA_GC_HEADROOM`` (``0.1`` or ``10%``; ``off``:
-  no RSS bound), read when a loop starts if no headroom was given. The
-  guard also collects when the objects that survived young collections
-  since the last full one number ``max_tracked`` (4 M; after an early
-  collection, at least a quarter of the objects the step kept), and, if
+  no RSS bound), read when a loop starts if no headroom was given. RSS
+  alone cannot bound a step's cyclic garbage: what a collection frees
+  stays resident and is reused unseen, so from step to step the garbage
+  would take all the room the last step's left plus the headroom (RSS
+  climbs to the live heap plus a whole step's garbage: 1.27x stock's peak
+  on many_short, CPython 3.12). So the guard also collects when the
+  objects that survived young collections since the last full one number
+  as many as the process held when the step started (frozen and old
+  objects, ``survivors_fraction`` 1.0 of them; at least 250,000, at most
+  ``max_tracked``, 4 M; after an early collection, at least a quarter of
+  the objects the step kept), and, if
   set, when RSS has grown by ``max_rss_growth`` bytes (an absolute cap,
   none by default);
 - if a step function the loop calls is not this collector's (a user's
@@ -121,6 +128,14 @@ DEFAULT_MIN_HEADROOM = 32 * 2**20
 # collections' work stays linear in the step's size (CPython's own full
 # collections wait for 25% growth).
 GROWTH_FRACTION = 0.25
+# The step's survivors of young collections after which the guard collects
+# early: this fraction of the objects the process held when the step
+# started (frozen and old), at least MIN_SURVIVORS_BOUND. RSS cannot see the memory a collection frees
+# (it stays resident and is reused), so a bound by RSS alone lets a step's
+# cyclic garbage take all the room the last step's garbage left, plus the
+# headroom: the object count bounds it where RSS cannot.
+DEFAULT_SURVIVORS_FRACTION = 1.0
+MIN_SURVIVORS_BOUND = 250_000
 # A sentinel: the headroom from the environment (else the default).
 _FROM_ENV: Any = object()
 # Set on this module's step wrappers (and copied by functools.wraps onto a
@@ -216,10 +231,12 @@ class StepCollector:
     :data:`HEADROOM_ENV`, else 0.15; None: no relative bound), at least
     ``min_headroom`` bytes, and at least a quarter of the step's growth so
     far (:data:`GROWTH_FRACTION`). ``max_rss_growth``: an absolute cap on that
-    growth in bytes (None: none). ``max_tracked``: objects surviving young
-    collections since the last full one after which the guard collects
-    (None: no such bound), after an early collection at least a quarter of
-    the objects the step has kept so far. ``freeze``: freeze the setup's
+    growth in bytes (None: none). ``survivors_fraction`` (None: none) of
+    the objects held at the step's start (frozen and old; at least
+    :data:`MIN_SURVIVORS_BOUND`), at most ``max_tracked`` (None: no cap):
+    objects surviving young collections since the last full one after
+    which the guard collects; after an early collection at least a quarter
+    of the objects the step has kept so far. ``freeze``: freeze the setup's
     objects when the loop starts.
     """
 
@@ -231,6 +248,7 @@ class StepCollector:
         max_rss_growth: int | None = None,
         max_tracked: int | None = 4_000_000,
         freeze: bool = True,
+        survivors_fraction: float | None = DEFAULT_SURVIVORS_FRACTION,
     ) -> None:
         self.stats = StepStats()
         self._lock = threading.RLock()
@@ -247,8 +265,9 @@ class StepCollector:
         self._last_check = 0.0
         self._next_tracked_check = 0
         self._kept = 0  # tracked objects the step's early collections left alive
+        self._held = 0  # tracked objects (frozen and old) when the step started
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._configure(young, headroom, min_headroom, max_rss_growth, max_tracked, freeze)
+        self._configure(young, headroom, min_headroom, max_rss_growth, max_tracked, freeze, survivors_fraction)
 
     def _configure(
         self,
@@ -258,6 +277,7 @@ class StepCollector:
         max_rss_growth: int | None,
         max_tracked: int | None,
         freeze: bool,
+        survivors_fraction: float | None = None,
     ) -> None:
         if young is not None and young < 1:
             raise ValueError(f"young must be at least 1, got {young}")
@@ -273,6 +293,7 @@ class StepCollector:
         self.max_rss_growth = max_rss_growth
         self.max_tracked = max_tracked
         self.freeze = freeze
+        self.survivors_fraction = survivors_fraction
 
     # -- the loop and its steps ------------------------------------------------
 
@@ -489,7 +510,9 @@ class StepCollector:
         gc.set_threshold(self.young, _NEVER, _NEVER)
         if new_step:
             self._kept = 0
-        self._next_tracked_check = self._survivors_bound() if self.max_tracked is not None else 0
+            if self.survivors_fraction is not None:
+                self._held = gc.get_freeze_count() + len(gc.get_objects(generation=2))
+        self._next_tracked_check = self._survivors_bound() if self._counts_survivors() else 0
         rss = self._read_rss()
         if rss is None:
             self._rss_limit = None
@@ -512,12 +535,19 @@ class StepCollector:
             allowed.append(self.max_rss_growth)
         return min(allowed) if allowed else None
 
+    def _counts_survivors(self) -> bool:
+        return self.max_tracked is not None or self.survivors_fraction is not None
+
     def _survivors_bound(self) -> int:
-        """Survivors of young collections past the last full collection the
-        guard allows (with ``max_tracked`` set): a quarter of what the step
-        kept through its early collections, at least ``max_tracked``."""
-        assert self.max_tracked is not None
-        return max(self.max_tracked, int(GROWTH_FRACTION * self._kept))
+        """Survivors of young collections past the last collection the
+        guard allows: ``survivors_fraction`` of the objects held at the
+        step's start (at least MIN_SURVIVORS_BOUND), at most
+        ``max_tracked``, and at least a quarter of what the step kept
+        through its early collections."""
+        bound = self.max_tracked if self.max_tracked is not None else _NEVER
+        if self.survivors_fraction is not None:
+            bound = min(bound, max(int(self.survivors_fraction * self._held), MIN_SURVIVORS_BOUND))
+        return max(bound, int(GROWTH_FRACTION * self._kept))
 
     def _read_rss(self) -> int | None:
         """RSS in bytes (None: no reader). A read that fails (OSError) ends
@@ -556,7 +586,7 @@ class StepCollector:
                 return
             # What this collection leaves alive of the step's survivors
             # (counted only for the max_tracked bound: a list of them).
-            survivors = 0 if self.max_tracked is None else _survivors()
+            survivors = _survivors() if self._counts_survivors() else 0
             freed = self._collect()
             self._kept += max(0, survivors - freed)
             self.stats.guard_collections += 1
@@ -576,7 +606,7 @@ class StepCollector:
                 self._guard_armed = False
 
     def _over_bound(self) -> bool:
-        if self.max_tracked is not None:
+        if self._counts_survivors():
             # Each young collection this step promoted at most `young`
             # objects: count them exactly only when that bound could be past.
             if gc.get_count()[1] * self.young >= self._next_tracked_check:
@@ -637,6 +667,7 @@ def configure(
     max_rss_growth: int | None = None,
     max_tracked: int | None = 4_000_000,
     freeze: bool = True,
+    survivors_fraction: float | None = DEFAULT_SURVIVORS_FRACTION,
 ) -> StepCollector:
     """Set :data:`COLLECTOR`'s options (those of :class:`StepCollector`;
     unnamed ones to their defaults) and zero its stats; what
@@ -645,7 +676,7 @@ def configure(
     with COLLECTOR._lock:
         if COLLECTOR.active:
             raise RuntimeError("the collector is held to a running training loop: configure it before")
-        COLLECTOR._configure(young, headroom, min_headroom, max_rss_growth, max_tracked, freeze)
+        COLLECTOR._configure(young, headroom, min_headroom, max_rss_growth, max_tracked, freeze, survivors_fraction)
         COLLECTOR.stats = StepStats()
     return COLLECTOR
 
