@@ -130,10 +130,10 @@ DEFAULT_MIN_HEADROOM = 32 * 2**20
 GROWTH_FRACTION = 0.25
 # The step's survivors of young collections after which the guard collects
 # early: this fraction of the objects the process held when the step
-# started (frozen and old), at least MIN_SURVIVORS_BOUND. RSS cannot see the memory a collection frees
-# (it stays resident and is reused), so a bound by RSS alone lets a step's
-# cyclic garbage take all the room the last step's garbage left, plus the
-# headroom: the object count bounds it where RSS cannot.
+# started (frozen and old), at least MIN_SURVIVORS_BOUND. RSS cannot see
+# the memory a collection frees (it stays resident and is reused), so a
+# bound by RSS alone lets a step's cyclic garbage take all the room the
+# last step's garbage left, plus the headroom: the count bounds it.
 DEFAULT_SURVIVORS_FRACTION = 1.0
 MIN_SURVIVORS_BOUND = 250_000
 # A sentinel: the headroom from the environment (else the default).
@@ -285,6 +285,8 @@ class StepCollector:
             raise ValueError(f"headroom must be a fraction >= 0, got {headroom}")
         if min_headroom < 0:
             raise ValueError(f"min_headroom must be >= 0, got {min_headroom}")
+        if survivors_fraction is not None and not survivors_fraction > 0:
+            raise ValueError(f"survivors_fraction must be > 0, got {survivors_fraction}")
         self.young_setting = young
         self.young = young or 1
         self.headroom_setting = headroom
