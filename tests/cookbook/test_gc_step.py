@@ -9,7 +9,12 @@ import asyncio
 import functools
 import gc
 import itertools
+import json
+import subprocess
+import sys
+import textwrap
 import types
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -135,6 +140,62 @@ def test_state_put_back_after_an_exception():
     undo()
 
 
+def test_a_loop_whose_start_raises_leaves_the_collector_as_it_was(monkeypatch):
+    # pytest's filterwarnings=error (or -W error) with a malformed variable:
+    # the headroom's warning raises inside the loop's start.
+    monkeypatch.setenv(_gc_step.HEADROOM_ENV, "lots")
+    collector = _gc_step.COLLECTOR
+    module, seen = fake_train_module(collector, steps=2)
+    undo = held(collector, module)
+    gc.set_threshold(700, 10, 10)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(UserWarning, match=_gc_step.HEADROOM_ENV):
+                asyncio.run(module.do_sync_training())
+        assert seen == [] and not collector.active
+        assert gc.get_threshold() == (700, 10, 10) and gc.isenabled() and frozen_by_program() == 0
+        assert collector._on_collection not in gc.callbacks
+        # what install(gc_headroom=0.2) calls; then a loop runs with the policy
+        _gc_step.configure(headroom=0.2)
+        asyncio.run(module.do_sync_training())
+        assert [s["threshold"] for s in seen] == [(700, _gc_step._NEVER, _gc_step._NEVER)] * 2
+        assert all(s["after_step"] for s in seen) and collector.stats.steps == 2 and collector.headroom == 0.2
+    finally:
+        undo()
+        _gc_step.configure()
+        gc.set_threshold(*_default_thresholds)
+    assert not collector.active
+
+
+@pytest.mark.parametrize("where", ["collect", "freeze", "step_started"])
+def test_a_start_that_raises_anywhere_puts_everything_back(monkeypatch, where):
+    # e.g. a KeyboardInterrupt in a finalizer the first collection runs
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    if where == "collect":
+        monkeypatch.setattr(StepCollector, "_collect", interrupted)
+    elif where == "freeze":
+        monkeypatch.setattr(_gc_step, "program_froze", interrupted)
+    else:
+        monkeypatch.setattr(StepCollector, "_step_started", interrupted)
+    gc.set_threshold(700, 10, 10)
+    collector = StepCollector()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            collector.loop_started()
+        assert not collector.active
+        assert gc.get_threshold() == (700, 10, 10) and gc.isenabled() and frozen_by_program() == 0
+        assert collector._on_collection not in gc.callbacks
+        monkeypatch.undo()
+        collector.loop_started()
+        assert collector.active and gc.get_threshold()[1:] == (_gc_step._NEVER, _gc_step._NEVER)
+        collector.loop_ended()
+    finally:
+        gc.set_threshold(*_default_thresholds)
+
+
 def test_restore_inside_the_loop_and_uninstall():
     collector = StepCollector()
     module, seen = fake_train_module(collector, steps=2)
@@ -258,6 +319,34 @@ def test_a_step_that_keeps_its_objects_is_not_collected_over_and_over():
     assert 5 <= collector.stats.guard_collections <= 16, collector.stats
 
 
+def test_a_step_s_survivors_are_bounded_relative_to_the_process():
+    # Cycles that outlive a few young collections and then die, far more
+    # of them than the objects the process holds: RSS cannot see that
+    # their room is reused, their count can.
+    collector = StepCollector(headroom=None)
+
+    async def step() -> int:
+        collector.loop_started(asyncio.get_running_loop())
+        try:
+            window: list[Node] = []
+            for i in range(1_000_000):
+                a, b = Node(), Node()
+                a.other, b.other = b, a
+                window.append(a)
+                if len(window) > 30_000:
+                    del window[:10_000]
+                if i % 1_000 == 0:
+                    await asyncio.sleep(0)  # where the guard's collection runs
+            return len(gc.get_objects(generation=1))
+        finally:
+            collector.loop_ended()
+
+    survivors = asyncio.run(step())
+    assert collector.stats.guard_collections >= 2, collector.stats
+    held = collector._held
+    assert survivors <= max(held, _gc_step.MIN_SURVIVORS_BOUND) + 10_000, (survivors, held)
+
+
 def test_no_full_collection_inside_a_step():
     collector = StepCollector(young=1_000, headroom=None, max_tracked=None)
     full = []
@@ -293,6 +382,73 @@ def test_the_rss_reader_reads_this_process():
     assert 0 < read() <= peak * 1.01
     assert grown >= 32 * 2**20, grown
     del block
+
+
+FORKED = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from tinker_rl_data.cookbook import gc_step
+
+    def own_rss():
+        with open(f"/proc/{os.getpid()}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    collector = gc_step.StepCollector()
+    collector.loop_started()  # the RSS reader is in use before the fork
+    grown, done = os.pipe(), os.pipe()
+    parent = os.getpid()
+    if os.fork():
+        block = bytearray(256 * 2**20)  # the parent grows by 256 MiB (touched)
+        os.write(grown[1], b"x")
+        os.read(done[0], 1)
+        os._exit(0)  # the child goes on without its parent
+    os.read(grown[0], 1)
+    out = {"read": collector._rss(), "own": own_rss()}
+    os.write(done[1], b"x")
+    while os.getppid() == parent:
+        time.sleep(0.01)
+    try:
+        collector.step_ended()  # reads RSS: the parent is gone
+        collector.loop_ended()
+        collector.loop_started()
+        collector.step_ended()
+        out["after_exit"] = collector._rss()
+        collector.loop_ended()
+    except BaseException as exc:
+        out["raised"] = repr(exc)
+    print(json.dumps(out), flush=True)
+    """
+)
+
+
+def test_a_forked_child_reads_its_own_rss():
+    proc = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "raised" not in out, out
+    # the parent grew by 256 MiB after the fork; the child did not
+    assert abs(out["read"] - out["own"]) < 32 * 2**20, out
+    assert out["after_exit"] > 0
+
+
+def test_a_failed_rss_read_ends_the_bound_quietly():
+    def gone() -> int:
+        raise ProcessLookupError(3, "No such process")
+
+    collector = StepCollector(young=100)
+    collector.loop_started()
+    try:
+        collector._rss = gone
+        collector.step_ended()
+        assert collector._rss_limit is None and collector.stats.rss_failures == 1
+        assert not collector._over_bound()
+        collector.step_ended()
+        assert collector.stats.rss_failures == 1 and collector.stats.steps == 2
+    finally:
+        collector.loop_ended()
+    collector.loop_started()  # a new loop reads RSS again
+    assert collector._rss is not None and collector._rss_limit is not None
+    collector.loop_ended()
 
 
 # -- the guard relative to the process ------------------------------------------

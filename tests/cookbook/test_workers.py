@@ -394,7 +394,7 @@ WORKER = textwrap.dedent(
             sys.exit(0)
     ours = [str(w.message) for w in caught if issubclass(w.category, _patch.InstallWarning)]
     print(json.dumps({"how": state.how, "installed": state.installed, "left": state.left, "warnings": ours,
-                      "collector": state.collector is not None and state.collector.active}))
+                      "collector": state.collector is not None}))
     """
 )
 

@@ -17,7 +17,10 @@ the step's GC time. Here, while tinker-cookbook's training loop runs:
 - a guard for memory, relative to the process: when RSS passes the
   step's *limit*, one full collection runs early, on the training loop's
   event loop (a collection cannot start from inside another, where the
-  guard looks; RSS is read at most every 50 ms, at young collections).
+  guard looks; RSS is read at most every 50 ms, at young collections,
+  from ``/proc/self/statm``: a forked child reads its own; a read that
+  fails ends the RSS bound for that loop, quietly; without /proc, on
+  macOS and Windows, there is no RSS bound).
   The limit is the RSS after this collector's last full collection plus a
   *headroom*: ``headroom`` times the RSS when the step started (0.15 by
   default), at least ``min_headroom`` bytes (32 MiB: a small process is
@@ -38,10 +41,17 @@ the step's GC time. Here, while tinker-cookbook's training loop runs:
   ``StepCollector(headroom=...)``, for install()'s collector by
   :func:`configure`, or by the environment
   variable ``TINKER_RL_DATA_GC_HEADROOM`` (``0.1`` or ``10%``; ``off``:
-  no RSS bound), read when a loop starts if no headroom was given. The
-  guard also collects when the objects that survived young collections
-  since the last full one number ``max_tracked`` (4 M; after an early
-  collection, at least a quarter of the objects the step kept), and, if
+  no RSS bound), read when a loop starts if no headroom was given. RSS
+  alone cannot bound a step's cyclic garbage: what a collection frees
+  stays resident and is reused unseen, so from step to step the garbage
+  would take all the room the last step's left plus the headroom (RSS
+  climbs to the live heap plus a whole step's garbage: 1.27x stock's peak
+  on many_short, CPython 3.12). So the guard also collects when the
+  objects that survived young collections since the last full one number
+  as many as the process held when the step started (frozen and old
+  objects, ``survivors_fraction`` 1.0 of them; at least 250,000, at most
+  ``max_tracked``, 4 M; after an early collection, at least a quarter of
+  the objects the step kept), and, if
   set, when RSS has grown by ``max_rss_growth`` bytes (an absolute cap,
   none by default);
 - if a step function the loop calls is not this collector's (a user's
@@ -52,7 +62,18 @@ the step's GC time. Here, while tinker-cookbook's training loop runs:
   same whichever of the step pieces went in, so long as the loop's did.
   Without the loop's piece the collector stays as the program left it;
 - when the loop returns or raises, and on :meth:`StepCollector.restore`,
-  the collector's state (enabled, thresholds, frozen objects) is put back.
+  the collector's state (enabled, thresholds, frozen objects, callbacks) is
+  put back; a loop start that raises (the headroom's warning under
+  ``-W error``, an interrupt in the first collection) leaves it as it was,
+  the collector not active.
+
+Steps with no training loop around them (a rollout worker's group
+rollouts, :mod:`.workers`): :meth:`StepCollector.settle` once (the full
+collection and the freeze), then :meth:`StepCollector.step_held` and
+:meth:`StepCollector.step_released` around each step: the same policy
+inside it, one full collection at its end, and between steps the
+program's thresholds, enabled flag and callbacks (its other code is
+collected as without this module); only the freeze stays.
 
 Nothing here changes what the trainer computes, only when the collector
 runs. The step boundary is the function each of ``rl.train``'s loops calls
@@ -108,6 +129,14 @@ DEFAULT_MIN_HEADROOM = 32 * 2**20
 # collections' work stays linear in the step's size (CPython's own full
 # collections wait for 25% growth).
 GROWTH_FRACTION = 0.25
+# The step's survivors of young collections after which the guard collects
+# early: this fraction of the objects the process held when the step
+# started (frozen and old), at least MIN_SURVIVORS_BOUND. RSS cannot see
+# the memory a collection frees (it stays resident and is reused), so a
+# bound by RSS alone lets a step's cyclic garbage take all the room the
+# last step's garbage left, plus the headroom: the count bounds it.
+DEFAULT_SURVIVORS_FRACTION = 1.0
+MIN_SURVIVORS_BOUND = 250_000
 # A sentinel: the headroom from the environment (else the default).
 _FROM_ENV: Any = object()
 # Set on this module's step wrappers (and copied by functools.wraps onto a
@@ -130,23 +159,38 @@ def program_froze() -> bool:
     return gc.get_freeze_count() > _INTERPRETER_FROZEN
 
 
+class _StatmReader:
+    """This process's resident set size in bytes, from /proc/self/statm.
+    The descriptor is per process: a forked child's copy reads its parent
+    (``/proc/self`` is resolved at open) and fails once the parent exits,
+    so a child opens its own (a pid check: ~1 us; opening the file per
+    read costs ~40 us more). The inherited one is left open there: its
+    number may be another file's by then. (No lock: a fork would copy a
+    held one; two threads opening at once leave one descriptor unused.)"""
+
+    def __init__(self) -> None:
+        self._pid = 0
+        self._fd = -1
+
+    def __call__(self) -> int:
+        if self._pid != os.getpid():
+            self._fd = os.open("/proc/self/statm", os.O_RDONLY)
+            self._pid = os.getpid()
+        return int(os.pread(self._fd, 128, 0).split()[1]) * _PAGE
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_STATM = _StatmReader()
+
+
 def _rss_reader() -> Callable[[], int] | None:
-    """Current resident set size in bytes, from /proc (None elsewhere)."""
+    """The reader of this process's RSS in bytes (None without /proc:
+    macOS, Windows)."""
     try:
-        fd = os.open("/proc/self/statm", os.O_RDONLY)
-    except OSError:
-        return None
-    page = os.sysconf("SC_PAGE_SIZE")
-
-    def read() -> int:
-        return int(os.pread(fd, 128, 0).split()[1]) * page
-
-    try:
-        read()
+        _STATM()
     except (OSError, ValueError, IndexError):
-        os.close(fd)
         return None
-    return read
+    return _STATM
 
 
 @dataclass
@@ -159,6 +203,7 @@ class StepStats:
     froze: int = 0  # objects frozen when the loop started
     step_ends_added: int = 0  # step functions the loop wrapper put the step's end around
     peak_limit: int = 0  # the guard's highest RSS limit (bytes)
+    rss_failures: int = 0  # loops whose RSS bound ended as a read of RSS failed
 
 
 class StepCollector:
@@ -173,10 +218,12 @@ class StepCollector:
     :data:`HEADROOM_ENV`, else 0.15; None: no relative bound), at least
     ``min_headroom`` bytes, and at least a quarter of the step's growth so
     far (:data:`GROWTH_FRACTION`). ``max_rss_growth``: an absolute cap on that
-    growth in bytes (None: none). ``max_tracked``: objects surviving young
-    collections since the last full one after which the guard collects
-    (None: no such bound), after an early collection at least a quarter of
-    the objects the step has kept so far. ``freeze``: freeze the setup's
+    growth in bytes (None: none). ``survivors_fraction`` (None: none) of
+    the objects held at the step's start (frozen and old; at least
+    :data:`MIN_SURVIVORS_BOUND`), at most ``max_tracked`` (None: no cap):
+    objects surviving young collections since the last full one after
+    which the guard collects; after an early collection at least a quarter
+    of the objects the step has kept so far. ``freeze``: freeze the setup's
     objects when the loop starts.
     """
 
@@ -188,12 +235,14 @@ class StepCollector:
         max_rss_growth: int | None = None,
         max_tracked: int | None = 4_000_000,
         freeze: bool = True,
+        survivors_fraction: float | None = DEFAULT_SURVIVORS_FRACTION,
     ) -> None:
         self.stats = StepStats()
         self._lock = threading.RLock()
         self._depth = 0
         self._saved: tuple[bool, tuple[int, ...]] | None = None
         self._froze = False
+        self._settled = False  # the first collection (and freeze) done: steps held without a loop
         self._passive = False
         self._own_collect = False
         self._guard_armed = False
@@ -203,8 +252,9 @@ class StepCollector:
         self._last_check = 0.0
         self._next_tracked_check = 0
         self._kept = 0  # tracked objects the step's early collections left alive
+        self._held = 0  # tracked objects (frozen and old) when the step started
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._configure(young, headroom, min_headroom, max_rss_growth, max_tracked, freeze)
+        self._configure(young, headroom, min_headroom, max_rss_growth, max_tracked, freeze, survivors_fraction)
 
     def _configure(
         self,
@@ -214,6 +264,7 @@ class StepCollector:
         max_rss_growth: int | None,
         max_tracked: int | None,
         freeze: bool,
+        survivors_fraction: float | None = None,
     ) -> None:
         if young is not None and young < 1:
             raise ValueError(f"young must be at least 1, got {young}")
@@ -221,6 +272,8 @@ class StepCollector:
             raise ValueError(f"headroom must be a fraction >= 0, got {headroom}")
         if min_headroom < 0:
             raise ValueError(f"min_headroom must be >= 0, got {min_headroom}")
+        if survivors_fraction is not None and not survivors_fraction > 0:
+            raise ValueError(f"survivors_fraction must be > 0, got {survivors_fraction}")
         self.young_setting = young
         self.young = young or 1
         self.headroom_setting = headroom
@@ -229,34 +282,19 @@ class StepCollector:
         self.max_rss_growth = max_rss_growth
         self.max_tracked = max_tracked
         self.freeze = freeze
+        self.survivors_fraction = survivors_fraction
 
     # -- the loop and its steps ------------------------------------------------
 
     def loop_started(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """``loop``: where the guard's early collections run (none without)."""
+        """``loop``: where the guard's early collections run (none without).
+        One full collection, the freeze, then the policy; if any of it
+        raises, the collector is as the program had it (and not active)."""
         with self._lock:
-            self._depth += 1
-            if self._depth > 1:
+            if self._depth:
+                self._depth += 1
                 return
-            self._loop = loop
-            if not gc.isenabled() or gc.get_threshold()[0] == 0:
-                # The program turned the collector off: leave it so.
-                self._passive = True
-                return
-            if self.headroom_setting is _FROM_ENV:
-                self.headroom = headroom_from_env()
-            wants_rss = self.headroom is not None or self.max_rss_growth is not None
-            self._rss = _rss_reader() if wants_rss and self._rss is None else self._rss
-            self._saved = (gc.isenabled(), gc.get_threshold())
-            self.young = self.young_setting or max(1, gc.get_threshold()[0])
-            self._collect()
-            if self.freeze and not program_froze():
-                gc.freeze()
-                self._froze = True
-                self.stats.froze = gc.get_freeze_count()
-            gc.callbacks.append(self._on_collection)
-            self._step_started(new_step=True)
-            gc.enable()
+            self._hold(loop, settle=True)
 
     def loop_ended(self) -> None:
         with self._lock:
@@ -275,13 +313,58 @@ class StepCollector:
             self.stats.step_collections += 1
             self._step_started(new_step=True)
 
-    def restore(self) -> None:
-        """Put the collector's state back now, even inside a running loop
-        (whose later steps then leave the collector alone)."""
+    def settle(self) -> None:
+        """Ahead of steps held without a loop (a rollout worker's setup):
+        what a loop's start does first, once (a full collection, then the
+        freeze); nothing if the program turned the collector off."""
+        with self._lock:
+            if self._depth or self._settled or not gc.isenabled() or gc.get_threshold()[0] == 0:
+                return
+            try:
+                self._settle()
+            except BaseException:
+                self._put_back()
+                raise
+
+    def step_held(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """A step with no training loop around it (a rollout worker's group
+        rollout) starts: the policy holds until :meth:`step_released`. The
+        first does what a loop's start does (a full collection, the
+        freeze); later ones collect nothing (the last step's end did), and
+        the freeze stays between steps (:meth:`restore` ends it). Inside a
+        running loop, one more level of it."""
         with self._lock:
             if self._depth:
-                self._depth = 0
-                self._put_back()
+                self._depth += 1
+                return
+            self._hold(loop, settle=not self._settled)
+
+    def step_released(self) -> None:
+        """The step :meth:`step_held` started ends: one full collection,
+        then the program's thresholds, enabled flag and callbacks back (its
+        own collections run between steps), the freeze kept."""
+        with self._lock:
+            if self._depth == 0:
+                return
+            self._depth -= 1
+            if self._depth:
+                return
+            try:
+                if not self._passive:
+                    self.stats.steps += 1
+                    self._collect()
+                    self.stats.step_collections += 1
+            finally:
+                self._put_back(unfreeze=False)
+
+    def restore(self) -> None:
+        """Put the collector's state back now, even inside a running loop
+        (whose later steps then leave the collector alone), and end a
+        freeze kept between held steps."""
+        with self._lock:
+            self._depth = 0
+            self._put_back()
+            self._settled = False
 
     @property
     def active(self) -> bool:
@@ -298,8 +381,9 @@ class StepCollector:
         @functools.wraps(original)
         async def loop(*args: Any, **kwargs: Any) -> Any:
             self.loop_started(asyncio.get_running_loop())
-            added = self._add_step_ends(original)
+            added = []
             try:
+                added = self._add_step_ends(original)
                 return await original(*args, **kwargs)
             finally:
                 for namespace, name, theirs, ours in added:
@@ -364,6 +448,43 @@ class StepCollector:
             self.stats.step_ends_added += 1
         return added
 
+    def _hold(self, loop: asyncio.AbstractEventLoop | None, settle: bool) -> None:
+        """From inactive: the policy from here (``settle``: after one full
+        collection and the freeze). Active only once all of it is in place;
+        on an exception, what it changed is put back."""
+        if not gc.isenabled() or gc.get_threshold()[0] == 0:
+            # The program turned the collector off: leave it so.
+            self._passive = True
+            self._depth = 1
+            return
+        headroom = headroom_from_env() if self.headroom_setting is _FROM_ENV else self.headroom
+        froze, settled = self._froze, self._settled
+        try:
+            self.headroom = headroom
+            self._loop = loop
+            wants_rss = self.headroom is not None or self.max_rss_growth is not None
+            self._rss = _rss_reader() if wants_rss and self._rss is None else self._rss
+            self._saved = (gc.isenabled(), gc.get_threshold())
+            self.young = self.young_setting or max(1, gc.get_threshold()[0])
+            if settle:
+                self._settle()
+            gc.callbacks.append(self._on_collection)
+            self._step_started(new_step=True)
+            gc.enable()
+        except BaseException:
+            self._put_back(unfreeze=not froze)
+            self._settled = settled
+            raise
+        self._depth = 1
+
+    def _settle(self) -> None:
+        self._collect()
+        if self.freeze and not program_froze():
+            gc.freeze()
+            self._froze = True
+            self.stats.froze = gc.get_freeze_count()
+        self._settled = True
+
     def _collect(self) -> int:
         self._own_collect = True
         try:
@@ -378,9 +499,13 @@ class StepCollector:
         gc.set_threshold(self.young, _NEVER, _NEVER)
         if new_step:
             self._kept = 0
-        self._next_tracked_check = self._survivors_bound() if self.max_tracked is not None else 0
-        if self._rss is not None:
-            rss = self._rss()
+            if self.survivors_fraction is not None:
+                self._held = gc.get_freeze_count() + len(gc.get_objects(generation=2))
+        self._next_tracked_check = self._survivors_bound() if self._counts_survivors() else 0
+        rss = self._read_rss()
+        if rss is None:
+            self._rss_limit = None
+        else:
             if new_step or not self._rss_step:
                 self._rss_step = rss
             headroom = self._rss_headroom(grown=rss - self._rss_step)
@@ -399,24 +524,43 @@ class StepCollector:
             allowed.append(self.max_rss_growth)
         return min(allowed) if allowed else None
 
-    def _survivors_bound(self) -> int:
-        """Survivors of young collections past the last full collection the
-        guard allows (with ``max_tracked`` set): a quarter of what the step
-        kept through its early collections, at least ``max_tracked``."""
-        assert self.max_tracked is not None
-        return max(self.max_tracked, int(GROWTH_FRACTION * self._kept))
+    def _counts_survivors(self) -> bool:
+        return self.max_tracked is not None or self.survivors_fraction is not None
 
-    def _put_back(self) -> None:
+    def _survivors_bound(self) -> int:
+        """Survivors of young collections past the last collection the
+        guard allows: ``survivors_fraction`` of the objects held at the
+        step's start (at least MIN_SURVIVORS_BOUND), at most
+        ``max_tracked``, and at least a quarter of what the step kept
+        through its early collections."""
+        bound = self.max_tracked if self.max_tracked is not None else _NEVER
+        if self.survivors_fraction is not None:
+            bound = min(bound, max(int(self.survivors_fraction * self._held), MIN_SURVIVORS_BOUND))
+        return max(bound, int(GROWTH_FRACTION * self._kept))
+
+    def _read_rss(self) -> int | None:
+        """RSS in bytes (None: no reader). A read that fails (OSError) ends
+        the RSS bound for this loop, quietly (counted in the stats): it
+        runs in the user's loop and inside collections."""
+        if self._rss is None:
+            return None
         try:
+            return self._rss()
+        except (OSError, ValueError, IndexError):
+            self._rss = None
+            self._rss_limit = None
+            self.stats.rss_failures += 1
+            return None
+
+    def _put_back(self, unfreeze: bool = True) -> None:
+        while self._on_collection in gc.callbacks:
             gc.callbacks.remove(self._on_collection)
-        except ValueError:
-            pass
         if self._saved is not None:
             enabled, thresholds = self._saved
             gc.set_threshold(*thresholds)
             (gc.enable if enabled else gc.disable)()
             self._saved = None
-        if self._froze:
+        if self._froze and unfreeze:
             gc.unfreeze()
             self._froze = False
         self._guard_armed = False
@@ -431,7 +575,7 @@ class StepCollector:
                 return
             # What this collection leaves alive of the step's survivors
             # (counted only for the max_tracked bound: a list of them).
-            survivors = 0 if self.max_tracked is None else _survivors()
+            survivors = _survivors() if self._counts_survivors() else 0
             freed = self._collect()
             self._kept += max(0, survivors - freed)
             self.stats.guard_collections += 1
@@ -451,7 +595,7 @@ class StepCollector:
                 self._guard_armed = False
 
     def _over_bound(self) -> bool:
-        if self.max_tracked is not None:
+        if self._counts_survivors():
             # Each young collection this step promoted at most `young`
             # objects: count them exactly only when that bound could be past.
             if gc.get_count()[1] * self.young >= self._next_tracked_check:
@@ -466,7 +610,8 @@ class StepCollector:
         if now - self._last_check < _RSS_CHECK_INTERVAL:
             return False
         self._last_check = now
-        return self._rss() > self._rss_limit
+        rss = self._read_rss()
+        return rss is not None and self._rss_limit is not None and rss > self._rss_limit
 
 
 def _survivors() -> int:
@@ -486,6 +631,7 @@ def configure(
     max_rss_growth: int | None = None,
     max_tracked: int | None = 4_000_000,
     freeze: bool = True,
+    survivors_fraction: float | None = DEFAULT_SURVIVORS_FRACTION,
 ) -> StepCollector:
     """Set :data:`COLLECTOR`'s options (those of :class:`StepCollector`;
     unnamed ones to their defaults) and zero its stats; what
@@ -494,7 +640,7 @@ def configure(
     with COLLECTOR._lock:
         if COLLECTOR.active:
             raise RuntimeError("the collector is held to a running training loop: configure it before")
-        COLLECTOR._configure(young, headroom, min_headroom, max_rss_growth, max_tracked, freeze)
+        COLLECTOR._configure(young, headroom, min_headroom, max_rss_growth, max_tracked, freeze, survivors_fraction)
         COLLECTOR.stats = StepStats()
     return COLLECTOR
 

@@ -34,14 +34,16 @@ plain data, and unpickling it needs nothing of this package
   worker's ``InstallError`` is raised by the task, so the driver's run
   stops with it, as a strict install there would. Settings ``None`` (the
   driver uninstalled or is disabled): the worker installs nothing.
-- with ``"gc"``: a group rollout is the worker's step. A
+- where the gc pieces went in (``"gc"`` asked, not skipped, probes
+  passed): a group rollout is the worker's step. A
   :class:`~tinker_rl_data.cookbook.gc_step.StepCollector` with the driver's
-  defaults (the same memory guard) is started at the first rollout (one
-  full collection, the worker's imports frozen), holds the collector to
-  young collections during each rollout and collects fully at its end; the
-  guard's early collection runs on whichever event loop is running where
-  it fires (the rollout's own ``asyncio.run`` loop or tinker's client
-  thread).
+  defaults (the same memory guard) settles at the install (one full
+  collection, the worker's imports frozen), holds the collector to young
+  collections during each rollout, collects fully at its end and puts the
+  program's thresholds and callbacks back until the next (the freeze
+  stays); the guard's early collection runs on whichever event loop is
+  running where it fires (the rollout's own ``asyncio.run`` loop or
+  tinker's client thread).
 - then the cookbook's own ``_run_rollout_sync``.
 
 What the workers did, the driver sees: a worker's result travels back
@@ -438,14 +440,16 @@ def _set_up(settings: Settings) -> _Worker:
                 InstallWarning,
                 stacklevel=2,
             )
-    if "gc" in settings.options and state.how in ("installed", "inherited"):
+    if _patch.installed("gc"):
+        # The gc pieces went in here (not skipped, probes passed): each
+        # rollout is a step (run_rollout holds the collector to it).
         from . import gc_step as _gc_step
 
         if _gc_step.COLLECTOR.active and state.how == "inherited" and settings.driver != _me():
             _gc_step.COLLECTOR.restore()  # a copy of the driver's loop state
         if not _gc_step.COLLECTOR.active:
             state.collector = _gc_step.StepCollector()
-            state.collector.loop_started(_RunningLoop())
+            state.collector.settle()
     return state
 
 
@@ -463,13 +467,15 @@ def run_rollout(settings: Settings | None, task: Any) -> Any:
                 _worker = _set_up(settings)
                 _worker.setup_ms = (time.perf_counter() - start) * 1e3
     state = _worker
+    if state.collector is not None:
+        state.collector.step_held(_RunningLoop())
     try:
         result = original(task)
     finally:
         state.rollouts += 1
         if state.collector is not None:
             start = time.perf_counter()
-            state.collector.step_ended()
+            state.collector.step_released()
             state.step_gc_ms += (time.perf_counter() - start) * 1e3
     if settings.driver == _me():
         return result  # not pickled back: the cookbook's result as it is
