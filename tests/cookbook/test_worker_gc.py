@@ -11,7 +11,6 @@ cookbook)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -59,7 +58,9 @@ WORKER = textwrap.dedent(
         return asyncio.run(group())
 
     rollouts._run_rollout_sync = rollout
-    settings = _workers.Settings(("gc",), False, (), ("another-host", 1))
+    # the driver's switches as it resolved them (they win over the worker's own)
+    skip = tuple(name for name in sys.argv[2].split(",") if name)
+    settings = _workers.Settings(("gc",), False, skip=skip, driver=("another-host", 1, "x"))
     gc.set_threshold(700, 10, 10)
     between = []
     for task in range(3):
@@ -91,10 +92,9 @@ CYCLES = 600_000
 MiB = 2**20
 
 
-def run_worker(**env: str) -> dict:
+def run_worker(skip: str = "") -> dict:
     proc = subprocess.run(
-        [sys.executable, "-c", WORKER, str(CYCLES)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, **env},
+        [sys.executable, "-c", WORKER, str(CYCLES), skip], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -115,7 +115,7 @@ def test_the_worker_s_collector_is_held_to_each_rollout_only():
 
 
 def test_skip_gc_leaves_the_worker_s_collector_alone():
-    out = run_worker(TINKER_RL_DATA_SKIP="gc")
+    out = run_worker(skip="gc")  # the driver had TINKER_RL_DATA_SKIP=gc
     assert not out["collector"] and out["installed"] == []
     assert out["inside"] == [[700, 10, 10]] * 3
     for between in out["between"]:
