@@ -9,7 +9,7 @@ name                            default    what it does
 ``TINKER_RL_DATA_DISABLE``      unset      ``1``: install() installs nothing and says so
 ``TINKER_RL_DATA_STRICT``       unset      ``1``: as ``strict=True``: a piece that cannot
                                            go in raises InstallError, nothing installed
-``TINKER_RL_DATA_SKIP``         empty      comma-separated features (``wire``, ``data``,
+``TINKER_RL_DATA_SKIP``         empty      comma-separated features (``wire``, ``transport``, ``data``,
                                            ``step``, ``kl``, ``gc``, ``coalesce``,
                                            ``workers``) or piece
                                            names (``compute_post_kl``, ``model_dump``)
@@ -31,6 +31,7 @@ takes ``strict`` and installs ``wire`` alone):
 option        default    what it selects
 ============  =========  =====================================================
 ``wire``      on         tinker's forward_backward and sample request bytes
+``transport`` on         tinker's step requests sent lean over its transport
 (always)      on         the cookbook's data processing (``data``), the rest
                          of its RL step (``step``), and the same install in
                          a rollout executor's workers (``workers``)
@@ -52,6 +53,7 @@ __all__ = ["FEATURES", "disabled", "skipped", "strict"]
 #: what each is, for the report.
 FEATURES: dict[str, str] = {
     "wire": "tinker's request bytes",
+    "transport": "tinker's step requests sent lean",
     "data": "cookbook data processing",
     "step": "cookbook step metrics and usage",
     "kl": "cookbook KL penalty passes",
@@ -61,7 +63,7 @@ FEATURES: dict[str, str] = {
 }
 
 #: Features install() selects unless told otherwise (``coalesce`` is opt-in).
-DEFAULT_FEATURES = frozenset({"wire", "data", "step", "kl", "gc", "workers"})
+DEFAULT_FEATURES = frozenset({"wire", "transport", "data", "step", "kl", "gc", "workers"})
 
 
 def _flag(name: str) -> bool:

@@ -42,6 +42,7 @@ __all__ = [
 def install(
     *,
     wire: bool = True,
+    transport: bool = True,
     kl: bool = True,
     gc: bool = True,
     gc_headroom: float | None = None,
@@ -61,6 +62,9 @@ def install(
 
     - ``wire`` (on): tinker's ``forward_backward`` and ``sample`` request
       bytes made by the Rust core (:mod:`tinker_rl_data.tinker`).
+    - ``transport`` (on): tinker's sample, future, forward_backward and
+      optim_step requests sent with the same bytes over its own transport,
+      without its per-request layers (:mod:`tinker_rl_data.tinker.transport`).
     - ``kl`` (on): the KL penalty and distillation passes (:mod:`.kl`):
       the same scoring requests; advantages and metrics bit-identical.
     - ``gc`` (on): Python's cyclic collector held to the trainer's step
@@ -93,7 +97,7 @@ def install(
 
         if not gc_step.COLLECTOR.active:
             gc_step.configure(headroom=gc_headroom)
-    asked = {"wire": wire, "kl": kl, "gc": gc, "coalesce": coalesce}
+    asked = {"wire": wire, "transport": transport, "kl": kl, "gc": gc, "coalesce": coalesce}
     features = {"data", "step", "workers"} | {name for name, on in asked.items() if on}
     report = transaction.install(features, owner=__name__, strict=strict)
     from . import workers

@@ -11,7 +11,7 @@ from __future__ import annotations
 import runpy
 import sys
 
-USAGE = """usage: tinker-rl-data run [--no-wire] [--no-kl] [--no-gc] [--coalesce] [--strict] (-m MODULE | SCRIPT) [ARGS ...]
+USAGE = """usage: tinker-rl-data run [--no-wire] [--no-transport] [--no-kl] [--no-gc] [--coalesce] [--strict] (-m MODULE | SCRIPT) [ARGS ...]
        (or python -m tinker_rl_data run ...)
 
 Installs tinker_rl_data into tinker and tinker-cookbook
@@ -21,6 +21,7 @@ ARGS as its sys.argv[1:]. TINKER_RL_DATA_SKIP, _STRICT and _DISABLE apply."""
 
 _FLAGS = {
     "--no-wire": ("wire", False),
+    "--no-transport": ("transport", False),
     "--no-kl": ("kl", False),
     "--no-gc": ("gc", False),
     "--coalesce": ("coalesce", True),

@@ -17,11 +17,12 @@ def pieces() -> tuple[Piece, ...]:
     """All pieces (importing the feature modules: no tinker-cookbook import,
     no probe, nothing built)."""
     from ..cookbook import data_processing, gc_step, kl, step, workers
-    from ..tinker import coalesce, forward_backward, sample
+    from ..tinker import coalesce, forward_backward, sample, transport
 
     return (
         *forward_backward.PIECES,
         *sample.PIECES,
+        *transport.PIECES,
         *coalesce.PIECES,
         *data_processing.PIECES,
         *step.PIECES,
