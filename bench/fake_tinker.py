@@ -13,7 +13,8 @@ the protobuf body and answers one float32 logprob per target position,
 each Datum's seeded by its own target tokens; with --record DIR it writes every
 forward_backward body to DIR/fwdbwd-<seq_id>.pb, and when it stops, the
 requests it received, retried and answered per path to DIR/requests.json
-(`Service.tally`). The server exits when its parent process dies, on
+(`Service.tally`) and, with --wire, every request as received (method,
+path, header lines, body) to DIR/wire.json. The server exits when its parent process dies, on
 SIGTERM or after --timeout seconds.
 
 With --faults SPEC (opt-in; `FakeTinker(faults=SPEC)`), a seeded schedule
@@ -164,6 +165,7 @@ class Service:
         self.path_futures: dict[str, int] = {}
         self.current = ""
         self.samples = 0
+        self.wire: list[dict[str, Any]] | None = None  # with --wire: every request as received
 
     def _count(self, path: str, what: str, n: int = 1) -> None:
         entry = self.tally.setdefault(path, {"received": 0, "retried": 0, "answered": 0, "faults": {}})
@@ -525,6 +527,8 @@ class HttpProtocol(asyncio.Protocol):
                 used = end + 4 + length
             del self.buf[:used]
             method, path, _ = head[0].split(" ", 2)
+            if self.service.wire is not None:
+                self.service.wire.append({"method": method, "path": path, "headers": head[1:], "body": body.hex()})
             if headers.get("content-encoding") == "zstd":
                 import zstandard
 
@@ -576,6 +580,8 @@ async def serve(args: argparse.Namespace) -> None:
     if record is not None:
         record.mkdir(parents=True, exist_ok=True)
     service = Service(args.seed, record, Faults(args.faults) if args.faults else None)
+    if args.wire:
+        service.wire = []
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -593,6 +599,8 @@ async def serve(args: argparse.Namespace) -> None:
     server.close()
     if record is not None:
         (record / "requests.json").write_text(json.dumps(service.tally_json(), indent=1))
+        if service.wire is not None:
+            (record / "wire.json").write_text(json.dumps(service.wire))
 
 
 def main() -> None:
@@ -601,6 +609,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--record", default=None, help="write forward_backward bodies and requests.json here")
     p.add_argument("--faults", default=None, help="a seeded fault schedule (see Faults): SEED or key=value,...")
+    p.add_argument("--wire", action="store_true", help="with --record: every request as received, to wire.json")
     p.add_argument("--timeout", type=float, default=3600.0, help="exit after this many seconds")
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is no longer the parent")
     asyncio.run(serve(p.parse_args()))
@@ -611,9 +620,14 @@ class FakeTinker:
     with `record`, `requests` (`Service.tally_json`) once exited."""
 
     def __init__(
-        self, seed: int = 0, record: Path | str | None = None, timeout: float = 3600.0, faults: str | None = None
+        self,
+        seed: int = 0,
+        record: Path | str | None = None,
+        timeout: float = 3600.0,
+        faults: str | None = None,
+        wire: bool = False,
     ) -> None:
-        self.seed, self.record, self.timeout, self.faults = seed, record, timeout, faults
+        self.seed, self.record, self.timeout, self.faults, self.wire = seed, record, timeout, faults, wire
         self.requests: dict[str, Any] | None = None
         self.proc: subprocess.Popen[str] | None = None
         self.base_url = ""
@@ -626,6 +640,8 @@ class FakeTinker:
             cmd += ["--record", str(self.record)]
         if self.faults:
             cmd += ["--faults", self.faults]
+        if self.wire:
+            cmd += ["--wire"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
