@@ -51,11 +51,12 @@ import asyncio
 import functools
 import json
 import logging
-import math
 import os
 import secrets
+import threading
 import time
 import types as pytypes
+import uuid
 import weakref
 from dataclasses import dataclass
 from datetime import timedelta
@@ -97,11 +98,19 @@ class _Lane:
         self.token = token
         self.timeout = client.timeout
         self.base_url = client._base_url
+        self.own_keys = type(client)._idempotency_key is _base_idempotency_key()
         self.templates: dict[tuple[Any, ...], _Template | None] = {}
 
     @classmethod
     def open(cls, client: Any) -> _Lane | None:
         """The lane of ``client``, or None when ours does not reproduce it."""
+        try:
+            return cls._open(client)
+        except Exception:  # a client not built as ours reads it: tinker's
+            return None
+
+    @classmethod
+    def _open(cls, client: Any) -> _Lane | None:
         import httpx
         from pyqwest.httpx import AsyncPyqwestTransport
         from tinker._base_client import AsyncAPIClient, BaseClient
@@ -118,7 +127,7 @@ class _Lane:
             and not http._mounts
             and not any(http.event_hooks.values())
             and type(auth) is ApiKeyAuthProvider
-            and math.isinf(auth._expires_at)  # not a JWT
+            and not auth._token.startswith("eyJ")  # a JWT expires: tinker checks it per request
             and client.custom_auth is auth
             and all(
                 getattr(cls_, name) is getattr(base, name)
@@ -190,10 +199,45 @@ _RETRY_MARK = 7_654_321  # a retry count no request has
 _LENGTH_MARK = 54_321  # the marker body's length
 
 
-def _sdk_method() -> Any:
-    from tinker.lib import sdk_method
+def _base_idempotency_key() -> Any:
+    from tinker._base_client import BaseClient
 
-    return sdk_method._current_sdk_method.get()
+    return BaseClient._idempotency_key
+
+
+_random_bytes = bytearray()
+_random_lock = threading.Lock()
+
+
+def _idempotency_key() -> str:
+    """A key as tinker's ``BaseClient._idempotency_key`` makes it
+    (``stainless-python-retry-`` and a uuid4), its random bytes read from
+    ``os.urandom`` 4 KiB at a time instead of 16 bytes a call."""
+    with _random_lock:
+        if not _random_bytes:
+            _random_bytes.extend(os.urandom(4096))
+        key = bytes(_random_bytes[-16:])
+        del _random_bytes[-16:]
+    return f"stainless-python-retry-{uuid.UUID(bytes=key, version=4)}"
+
+
+os.register_at_fork(after_in_child=_random_bytes.clear)  # a child draws its own
+
+
+def _sdk_method() -> Any:
+    """The SDK method a request is attributed to (tinker 0.38's
+    ``x-sdk-method`` header; None before it)."""
+    var = _sdk_method_var()
+    return None if var is None else var.get()
+
+
+@functools.cache
+def _sdk_method_var() -> Any:
+    try:
+        from tinker.lib import sdk_method
+    except ImportError:  # tinker 0.36: no such header
+        return None
+    return sdk_method._current_sdk_method
 
 
 async def _capture_template(client: Any, path: str, names: tuple[str, ...], options: Any) -> _Template | None:
@@ -316,7 +360,7 @@ async def _send(
 
     _sent[0] += 1
     content = body if type(body) is bytes else _httpx_json(body)
-    idempotency = client._idempotency_key()
+    idempotency = _idempotency_key() if lane.own_keys else client._idempotency_key()
     values = [idempotency, "", str(len(content)), *headers.values()]
     max_retries = options.get("max_retries", client.max_retries)
     transport = lane.adapter._transport
@@ -465,7 +509,8 @@ def _httpx_response(
     )
     full.read()
     full.elapsed = timedelta(seconds=time.perf_counter() - start)
-    client._client.cookies.extract_cookies(full)
+    if "set-cookie" in full.headers:
+        client._client.cookies.extract_cookies(full)
     return full
 
 
