@@ -13,9 +13,10 @@ the protobuf body and answers one float32 logprob per target position,
 each Datum's seeded by its own target tokens; with --record DIR it writes every
 forward_backward body to DIR/fwdbwd-<seq_id>.pb, and when it stops, the
 requests it received, retried and answered per path to DIR/requests.json
-(`Service.tally`) and, with --wire, every request as received (method,
-path, header lines, body) to DIR/wire.json. The server exits when its parent process dies, on
-SIGTERM or after --timeout seconds.
+(`Service.tally`). The server exits when its parent process dies, on
+SIGTERM or after --timeout seconds. With --capture FILE (`FakeTinker(capture=...)`)
+it appends each request as received (method, path, HTTP version, headers,
+body) to FILE, read back by `read_capture`.
 
 With --faults SPEC (opt-in; `FakeTinker(faults=SPEC)`), a seeded schedule
 of faults (`Faults`): HTTP 500/503, 429 with Retry-After, 408, an empty-body
@@ -28,6 +29,7 @@ on arrival order or timing: two runs sending the same requests see the
 same faults.
 
     python bench/fake_tinker.py [--seed N] [--record DIR] [--faults SPEC] [--timeout S] [--parent-pid PID]
+                              [--capture FILE]
 
 prints `port <N>` on stdout once it listens. From Python, `FakeTinker()` is
 a context manager that starts it and gives `base_url`.
@@ -47,7 +49,7 @@ import time
 import zlib
 from array import array
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 VOCAB = 151_000
 MODEL_ID = "fake-model-0"
@@ -165,7 +167,9 @@ class Service:
         self.path_futures: dict[str, int] = {}
         self.current = ""
         self.samples = 0
-        self.wire: list[dict[str, Any]] | None = None  # with --wire: every request as received
+        # Called with each request as it arrives: (method, path, headers as
+        # received, in order, body, HTTP version); --capture writes them.
+        self.on_request: Callable[[str, str, list[tuple[str, str]], bytes, str], None] | None = None
 
     def _count(self, path: str, what: str, n: int = 1) -> None:
         entry = self.tally.setdefault(path, {"received": 0, "retried": 0, "answered": 0, "faults": {}})
@@ -526,9 +530,10 @@ class HttpProtocol(asyncio.Protocol):
                 body = bytes(self.buf[end + 4 : end + 4 + length])
                 used = end + 4 + length
             del self.buf[:used]
-            method, path, _ = head[0].split(" ", 2)
-            if self.service.wire is not None:
-                self.service.wire.append({"method": method, "path": path, "headers": head[1:], "body": body.hex()})
+            method, path, version = head[0].split(" ", 2)
+            if self.service.on_request is not None:
+                fields = [(k.strip().lower(), v.strip()) for k, _, v in (line.partition(":") for line in head[1:])]
+                self.service.on_request(method, path, fields, body, version)
             if headers.get("content-encoding") == "zstd":
                 import zstandard
 
@@ -580,8 +585,8 @@ async def serve(args: argparse.Namespace) -> None:
     if record is not None:
         record.mkdir(parents=True, exist_ok=True)
     service = Service(args.seed, record, Faults(args.faults) if args.faults else None)
-    if args.wire:
-        service.wire = []
+    if args.capture:
+        service.on_request = capture_to(Path(args.capture))
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -599,8 +604,25 @@ async def serve(args: argparse.Namespace) -> None:
     server.close()
     if record is not None:
         (record / "requests.json").write_text(json.dumps(service.tally_json(), indent=1))
-        if service.wire is not None:
-            (record / "wire.json").write_text(json.dumps(service.wire))
+
+
+def capture_to(path: Path) -> Callable[[str, str, list[tuple[str, str]], bytes, str], None]:
+    """A `Service.on_request` writing each request as a JSON line to
+    `path` (read back by `read_capture`)."""
+    out = path.open("a", buffering=1)
+
+    def on_request(method: str, path: str, headers: list[tuple[str, str]], body: bytes, version: str) -> None:
+        line = {"method": method, "path": path, "version": version, "headers": headers, "body": body.hex()}
+        out.write(json.dumps(line) + "\n")
+
+    return on_request
+
+
+def read_capture(path: Path | str) -> list[dict[str, Any]]:
+    """The requests `capture_to` wrote: method, path, version, headers
+    (name, value) in order, body (bytes)."""
+    lines = Path(path).read_text().splitlines()
+    return [{**r, "body": bytes.fromhex(r["body"])} for r in map(json.loads, lines)]
 
 
 def main() -> None:
@@ -609,9 +631,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--record", default=None, help="write forward_backward bodies and requests.json here")
     p.add_argument("--faults", default=None, help="a seeded fault schedule (see Faults): SEED or key=value,...")
-    p.add_argument("--wire", action="store_true", help="with --record: every request as received, to wire.json")
     p.add_argument("--timeout", type=float, default=3600.0, help="exit after this many seconds")
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is no longer the parent")
+    p.add_argument("--capture", default=None, help="append every request received to this file (JSON lines)")
     asyncio.run(serve(p.parse_args()))
 
 
@@ -620,14 +642,11 @@ class FakeTinker:
     with `record`, `requests` (`Service.tally_json`) once exited."""
 
     def __init__(
-        self,
-        seed: int = 0,
-        record: Path | str | None = None,
-        timeout: float = 3600.0,
-        faults: str | None = None,
-        wire: bool = False,
+        self, seed: int = 0, record: Path | str | None = None, timeout: float = 3600.0, faults: str | None = None,
+        capture: Path | str | None = None,
     ) -> None:
-        self.seed, self.record, self.timeout, self.faults, self.wire = seed, record, timeout, faults, wire
+        self.seed, self.record, self.timeout, self.faults = seed, record, timeout, faults
+        self.capture = capture  # a file each request received is appended to (`read_capture`)
         self.requests: dict[str, Any] | None = None
         self.proc: subprocess.Popen[str] | None = None
         self.base_url = ""
@@ -640,8 +659,8 @@ class FakeTinker:
             cmd += ["--record", str(self.record)]
         if self.faults:
             cmd += ["--faults", self.faults]
-        if self.wire:
-            cmd += ["--wire"]
+        if self.capture is not None:
+            cmd += ["--capture", str(self.capture)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()

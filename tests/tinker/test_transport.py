@@ -1,6 +1,6 @@
 """tinker_rl_data.tinker.transport: tinker's step requests sent lean.
 
-- On the wire (bench/fake_tinker.py --wire records every request as
+- On the wire (bench/fake_tinker.py --capture records every request as
   received): a sampling client's samples and compute_logprobs, a training
   client's forward_backward and optim_step, each with its future polls,
   send the same requests installed as stock: method, path, header lines
@@ -48,9 +48,7 @@ def comparable(wire: list[dict]) -> list[tuple]:
         if request["path"] not in PATHS:
             continue
         headers = []
-        for line in request["headers"]:
-            name, _, value = line.partition(":")
-            value = value.strip()
+        for name, value in request["headers"]:
             if name.lower() == "x-idempotency-key":
                 value = value[: len("stainless-python-retry-")] + f"<{len(value)}>"
             elif name.lower() == VOLATILE:
@@ -58,7 +56,7 @@ def comparable(wire: list[dict]) -> list[tuple]:
             elif name.lower() == "host":  # each run's service has its own port
                 value = value.rpartition(":")[0]
             headers.append((name, value))
-        out.append((request["method"], request["path"], headers, request["body"]))
+        out.append((request["method"], request["path"], request["version"], headers, request["body"]))
     return out
 
 
@@ -67,7 +65,7 @@ def test_the_step_requests_on_the_wire_are_stocks(tmp_path):
     assert installed["lean"] >= 8, installed  # each call and poll went lean
     assert stock["results"] == installed["results"]
     theirs, ours = comparable(stock["wire"]), comparable(installed["wire"])
-    assert {path for _, path, _, _ in theirs} == set(PATHS)
+    assert {path for _, path, *_ in theirs} == set(PATHS)
     assert len(ours) == len(theirs)
     for mine, stocks in zip(ours, theirs):
         assert mine == stocks
@@ -221,7 +219,7 @@ def test_the_probe_refuses_a_post_that_differs_from_tinkers(monkeypatch):
 def child(variant: str, record: str, out: str) -> None:
     sys.path.insert(0, str(BENCH))
     os.environ["TINKER_API_KEY"] = "tml-fake-test-key"
-    from fake_tinker import FakeTinker
+    from fake_tinker import FakeTinker, read_capture
 
     import tinker
     from tinker import types
@@ -236,7 +234,9 @@ def child(variant: str, record: str, out: str) -> None:
     params = types.SamplingParams(max_tokens=8, temperature=1.0)
     result: dict = {"variant": variant}
     faults = "seed=1,rate=1,kinds=slow,slow=30" if variant == "cancel" else None
-    with FakeTinker(record=record, wire=True, faults=faults) as fake:
+    Path(record).mkdir(parents=True, exist_ok=True)
+    wire = Path(record) / "wire.jsonl"
+    with FakeTinker(record=record, capture=wire, faults=faults) as fake:
         service = tinker.ServiceClient(base_url=fake.base_url)
         sampler = service.create_sampling_client(base_model="fake/model").result()
         if variant == "cancel":
@@ -261,7 +261,7 @@ def child(variant: str, record: str, out: str) -> None:
             result["results"] = json.loads(json.dumps(results, default=repr))
         result["lean"] = transport._sent[0]
     if variant != "cancel":
-        result["wire"] = json.loads((Path(record) / "wire.json").read_text())
+        result["wire"] = [{**r, "body": r["body"].hex()} for r in read_capture(wire)]
     Path(out).write_text(json.dumps(result))
 
 
