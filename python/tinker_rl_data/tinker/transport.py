@@ -86,6 +86,7 @@ class _Template:
     httpx_headers: tuple[tuple[str, str, int], ...]  # the httpx.Request's (exceptions, raw responses)
     timeout: float | None  # the adapter's operation timeout
     extensions: dict[str, Any]
+    httpx_url: Any  # the request's httpx.URL, parsed once
 
 
 class _Lane:
@@ -283,6 +284,7 @@ async def _capture_template(client: Any, path: str, names: tuple[str, ...], opti
         httpx_headers=slots(request.headers.multi_items()),
         timeout=adapter.convert_timeout(request.extensions),
         extensions=dict(request.extensions),
+        httpx_url=request.url,
     )
 
 
@@ -487,7 +489,7 @@ def _httpx_request(client: Any, template: _Template, values: list[str], content:
 
     return httpx.Request(
         template.method,
-        template.url,
+        template.httpx_url,
         headers=[(n, v if m < 0 else values[m]) for n, v, m in template.httpx_headers],
         content=content,
         extensions=template.extensions,
