@@ -73,6 +73,8 @@ def test_the_step_requests_on_the_wire_are_stocks(tmp_path):
 
 def test_coalesced_sampling_goes_out_lean(tmp_path):
     run = run_child("coalesced", tmp_path)
+    if not run["coalescing"]:
+        pytest.skip("coalesced sampling is not installed with this tinker")
     assert run["merged"] > 0 and run["lean"] > 0, run
 
 
@@ -227,18 +229,21 @@ def child(variant: str, record: str, out: str) -> None:
     import tinker_rl_data.cookbook
     from tinker_rl_data.tinker import coalesce, transport
 
+    coalescing = False
     if variant != "stock":
         report = tinker_rl_data.cookbook.install(gc=False, coalesce=variant == "coalesced")
         assert any(title == transport.PIECES[0].title for title, _ in report.installed), report
+        coalescing = any(title == coalesce.PIECES[0].title for title, _ in report.installed)
     prompt = types.ModelInput.from_ints(list(range(1, 40)))
     params = types.SamplingParams(max_tokens=8, temperature=1.0)
-    result: dict = {"variant": variant}
+    result: dict = {"variant": variant, "coalescing": variant != "stock" and coalescing}
     faults = "seed=1,rate=1,kinds=slow,slow=30" if variant == "cancel" else None
     Path(record).mkdir(parents=True, exist_ok=True)
     wire = Path(record) / "wire.jsonl"
     with FakeTinker(record=record, capture=wire, faults=faults) as fake:
         service = tinker.ServiceClient(base_url=fake.base_url)
-        sampler = service.create_sampling_client(base_model="fake/model").result()
+        sampler = service.create_sampling_client(base_model="fake/model")
+        sampler = sampler.result() if hasattr(sampler, "result") else sampler  # 0.38: a future of it
         if variant == "cancel":
             result.update(cancel(sampler, prompt, params))
         elif variant == "coalesced":
