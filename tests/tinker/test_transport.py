@@ -1,6 +1,6 @@
 """tinker_rl_data.tinker.transport: tinker's step requests sent lean.
 
-- On the wire (bench/fake_tinker.py --capture records every request as
+- On the wire (the fake service, fake_tinker.py --capture, records every request as
   received): a sampling client's samples and compute_logprobs, a training
   client's forward_backward and optim_step, each with its future polls,
   send the same requests installed as stock: method, path, header lines
@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+# The fake service: bench/fake_tinker.py, or tests/support/ once moved there.
+FAKE_DIRS = [Path(__file__).resolve().parents[2] / "bench", Path(__file__).resolve().parents[1] / "support"]
 PATHS = ("/api/v1/asample", "/api/v1/retrieve_future", "/api/v1/forward_backward", "/api/v1/optim_step")
 VOLATILE = "x-tinker-create-promise-roundtrip-time"
 
@@ -219,7 +220,7 @@ def test_the_probe_refuses_a_post_that_differs_from_tinkers(monkeypatch):
 
 
 def child(variant: str, record: str, out: str) -> None:
-    sys.path.insert(0, str(BENCH))
+    sys.path[:0] = [str(d) for d in FAKE_DIRS if (d / "fake_tinker.py").exists()]
     os.environ["TINKER_API_KEY"] = "tml-fake-test-key"
     from fake_tinker import FakeTinker, read_capture
 
