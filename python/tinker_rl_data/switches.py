@@ -110,3 +110,14 @@ def gc_headroom(default: float | None) -> float | None:
 def ours() -> dict[str, str]:
     """The package's variables set in this process (what a rollout worker is handed)."""
     return {k: v for k, v in os.environ.items() if k.startswith(PREFIX)}
+
+
+#: The proxy variables httpx reads (not the package's: read here so that
+#: every environment read of the package is in this module).
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+def proxy_set() -> bool:
+    """Whether a proxy variable is set (a client that would use it is left
+    to tinker by the transport feature)."""
+    return any(os.environ.get(name) for name in PROXY_VARIABLES)

@@ -76,7 +76,7 @@ def test_the_entry_is_installed_and_carries_the_settings(installed):
     assert entry.original.__module__ == "tinker_cookbook.rl.rollouts"
     sent = pickle.loads(pickle.dumps(entry))
     assert type(sent) is _workers._WorkerEntry
-    assert sent.settings.options == ("data", "gc", "kl", "step", "wire", "workers")
+    assert sent.settings.options == ("data", "gc", "kl", "step", "transport", "wire", "workers")
     assert sent.settings.driver[1] == os.getpid()
     assert sent.settings.strict is False
 
@@ -95,7 +95,7 @@ def test_coalesce_and_strict_are_carried():
     tcookbook.install(coalesce=True, gc=False, strict=False)
     try:
         settings = pickle.loads(pickle.dumps(rollouts._run_rollout_sync)).settings
-        assert settings.options == ("coalesce", "data", "kl", "step", "wire", "workers")
+        assert settings.options == ("coalesce", "data", "kl", "step", "transport", "wire", "workers")
     finally:
         tcookbook.uninstall()
 

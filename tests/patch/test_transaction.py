@@ -7,6 +7,7 @@ launcher. Runs against whichever tinker / tinker-cookbook pair is installed
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import re
@@ -47,6 +48,7 @@ _RL = "tinker_cookbook.rl."
 _WIRE = [
     ("forward_backward request bytes", "tinker.resources.training", "forward_backward_request_to_proto", "wire"),
     ("sample request bytes", "tinker.resources.sampling", "model_dump", "wire"),
+    ("step requests sent lean", "tinker._base_client", "AsyncAPIClient.post", "transport"),
 ]
 _DATA = [
     (name, _RL + "data_processing", name, "data")
@@ -118,7 +120,7 @@ def namespaces() -> dict[str, dict[str, int]]:
     """Every loaded tinker / tinker_cookbook module's names and the ids of
     what they hold: what uninstall() must give back exactly."""
     return {
-        name: {k: id(v) for k, v in vars(m).items()}
+        name: {k: id(v) for k, v in vars(m).items() if k != "__warningregistry__"}  # tinker's own warnings
         for name, m in list(sys.modules.items())
         if m is not None and name.split(".")[0] in ("tinker", "tinker_cookbook", "signal")
     }
@@ -164,7 +166,7 @@ def test_the_verified_pair_installs_every_piece_without_a_warning(clean):
     assert [title for title, _ in report.installed] == PRESENT_TITLES
     assert report.left == expected_left(report) and report.probe_ms > 0
     for title, module, name, _ in PRESENT:
-        holder = getattr(importlib.import_module(module), name)
+        holder = functools.reduce(getattr, name.split("."), importlib.import_module(module))
         assert holder is ours_of(name, module)
     assert data_processing.assemble_training_data is rl_train.assemble_training_data
     text = str(report)
@@ -513,7 +515,7 @@ def test_the_report_is_one_line_per_feature_and_its_details_name_every_site(clea
     report, _ = install_quietly(coalesce=False, kl=False)
     lines = str(report).splitlines()
     features = [line.split()[0] for line in lines[1:] if line.startswith("  ") and not line.startswith("   ")]
-    assert features[:7] == ["wire", "data", "step", "kl", "gc", "coalesce", "workers"]
+    assert features[:8] == ["wire", "transport", "data", "step", "kl", "gc", "coalesce", "workers"]
     assert max(len(line) for line in lines) <= 100
     assert re.search(r"^  kl +off \(not asked\)", str(report), re.M)
     details = report.details()

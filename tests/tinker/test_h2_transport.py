@@ -156,3 +156,21 @@ def test_two_stock_runs_compare_equal(sample_over_h2):
     assert comparable(first.wire) == comparable(second.wire)
     changed = sample_over_h2(prompts=[*PROMPTS[:-1], [*PROMPTS[-1], 1]])
     assert comparable(changed.wire) != comparable(first.wire)
+
+
+def test_lean_requests_equal_tinkers_over_http2(sample_over_h2, monkeypatch):
+    # tinker_rl_data's transport feature sends the sample path's requests
+    # itself, over the same pyqwest transport: on the wire over TLS and
+    # HTTP/2 they are stock's.
+    from tinker._base_client import AsyncAPIClient
+
+    from tinker_rl_data.tinker import transport
+
+    stock = sample_over_h2()
+    monkeypatch.setattr(AsyncAPIClient, "post", transport.make_post(AsyncAPIClient.post))
+    sent = transport._sent[0]
+    ours = sample_over_h2()
+    assert transport._sent[0] - sent == 2 * len(PROMPTS) and not ours.handed  # none through the adapter
+    assert {r.version for r in ours.wire} == {"HTTP/2"}
+    assert comparable(ours.wire) == comparable(stock.wire)
+    assert [r.sequences[0].tokens for r in ours.results] == [r.sequences[0].tokens for r in stock.results]

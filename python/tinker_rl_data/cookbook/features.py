@@ -16,12 +16,12 @@ from typing import Any, Mapping
 
 from .. import switches
 from ..patch.feature import Feature, Option, selected
-from ..tinker import coalesce, request_bytes
+from ..tinker import coalesce, request_bytes, transport
 from . import data_processing, gc_step, kl, step, workers
 
 __all__ = ["MODULES", "chosen", "declared", "options", "piece_table", "switch_table"]
 
-MODULES = (request_bytes, data_processing, step, kl, gc_step, coalesce, workers)
+MODULES = (request_bytes, transport, data_processing, step, kl, gc_step, coalesce, workers)
 
 
 def declared() -> tuple[Feature, ...]:

@@ -1,0 +1,770 @@
+"""tinker's step requests sent lean over tinker's own transport.
+
+Each request tinker's ``AsyncAPIClient.post`` sends passes through
+``FinalRequestOptions`` and two copies of it, headers rebuilt and wrapped in
+``httpx.Headers``, ``httpx.build_request``, an async-generator auth flow,
+``AsyncPyqwestTransport``'s header copy and ``wait_for``s, an
+``AsyncAPIResponse``: most of a sample call's client CPU. For the paths a
+training step sends (:data:`PATHS`: ``asample``, ``retrieve_future``,
+``forward_backward``, ``optim_step``; ``compute_logprobs`` is an ``asample``)
+the replacement of ``post`` sends the same request, through the same
+``pyqwest`` transport object the client's httpx client holds (its TLS,
+HTTP/2, pool and timeouts), with the rest made once:
+
+- a *template* per client and request shape (path, the names of the extra
+  headers, the timeout, the SDK method attributed): the request tinker builds
+  for it with marker values, captured where the adapter hands it to pyqwest;
+  a request fills its markers (idempotency key, retry count, Content-Length,
+  the extra headers' values). So the method, URL, header names, order and
+  values are tinker's by construction.
+- tinker's retry loop (``AsyncAPIClient.request``) as it is: the same
+  idempotency key across attempts, its ``_should_retry``, its
+  ``_sleep_for_retry`` backoff, its exception classes with ``.request``,
+  ``.response``, ``.body`` built by its own methods (the httpx objects are
+  made only then), the adapter's mapping of pyqwest's errors, one deadline
+  over the exchange as the adapter's.
+- the answer parsed by the client's own ``_process_response_data`` (an
+  ``AsyncAPIResponse`` where tinker returns one: ``with_raw_response``).
+
+Tinker's layers above ``post`` stay: its ``RetryHandler`` and
+``execute_with_retries``, the sample dispatch semaphores and backpressure,
+the ``_APIFuture`` polling loop (``try_again``, ``complete_metadata``, 410,
+the 45 s long poll), telemetry.
+
+A request goes to tinker's own ``post`` unless the client is one ours
+reproduces: tinker's default httpx client over ``AsyncPyqwestTransport``,
+no mounted or environment proxy, no event hooks, no cookies, a static API
+key (not a JWT, not a credential command), the base methods of
+``AsyncAPIClient`` for building and sending, asyncio, and no debug logging
+of tinker or info logging of httpx (their log lines are tinker's). Cookies,
+logging and the transport are checked per request (the server can set a
+cookie; the server's ``use_pyqwest_transport`` flag picks the transport
+per client). The install probe (:func:`probe_post`) sends the same calls
+through tinker's ``post`` and ours on two clients whose transport records
+instead of sending, and compares the requests and what the callers get
+(answers, HTTP errors, connection errors, timeouts, a retried 5xx).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+import types as pytypes
+import uuid
+import warnings
+import weakref
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable
+
+from .. import switches
+from ..patch.feature import Feature
+from ..patch.piece import Piece, check
+
+__all__ = ["PATHS", "PIECES", "make_post", "probe_post"]
+
+#: The paths sent lean; every other request goes to tinker's ``post``.
+PATHS = frozenset({"/api/v1/asample", "/api/v1/retrieve_future", "/api/v1/forward_backward", "/api/v1/optim_step"})
+
+# The request options resources pass that ours reproduces (others: tinker's).
+_OPTIONS = frozenset({"headers", "max_retries", "timeout"})
+_MAX_TEMPLATES = 64
+
+
+@dataclass(frozen=True)
+class _Template:
+    """One request shape as tinker sends it: each header a fixed value or
+    the index of the marker it holds (``_IDEMPOTENCY``, ``_RETRY``,
+    ``_LENGTH``, ``_EXTRA + i``), filled per request."""
+
+    method: str
+    url: str
+    headers: tuple[tuple[str, str, int], ...]  # at pyqwest: (name, value, marker or -1)
+    httpx_headers: tuple[tuple[str, str, int], ...]  # the httpx.Request's (exceptions, raw responses)
+    timeout: float | None  # the adapter's operation timeout
+    extensions: dict[str, Any]
+    httpx_url: Any  # the request's httpx.URL, parsed once
+
+
+class _Lane:
+    """What ours needs of one ``AsyncTinker`` client, checked once: its
+    transport, auth, and the templates of its request shapes."""
+
+    def __init__(self, client: Any, adapter: Any, auth: Any, token: str) -> None:
+        self.adapter = adapter
+        self.auth = auth
+        self.token = token
+        self.timeout = client.timeout
+        self.base_url = client._base_url
+        self.own_keys = type(client)._idempotency_key is _base_idempotency_key()
+        self.templates: dict[tuple[Any, ...], _Template | None] = {}
+
+    @classmethod
+    def open(cls, client: Any) -> _Lane | None:
+        """The lane of ``client``, or None when ours does not reproduce it."""
+        try:
+            return cls._open(client)
+        except Exception:  # a client not built as ours reads it: tinker's
+            return None
+
+    @classmethod
+    def _open(cls, client: Any) -> _Lane | None:
+        import httpx
+        from pyqwest.httpx import AsyncPyqwestTransport
+        from tinker._base_client import AsyncAPIClient, BaseClient
+        from tinker.lib._auth_token_provider import ApiKeyAuthProvider
+
+        http = getattr(client, "_client", None)
+        auth = getattr(client, "_auth", None)
+        cls_ = type(client)
+        if not (
+            isinstance(http, httpx.AsyncClient)
+            and type(http).send is httpx.AsyncClient.send
+            and type(http).build_request is httpx.AsyncClient.build_request
+            and type(http._transport) is AsyncPyqwestTransport
+            and not http._mounts
+            and not any(http.event_hooks.values())
+            and type(auth) is ApiKeyAuthProvider
+            and not auth._token.startswith("eyJ")  # a JWT expires: tinker checks it per request
+            and client.custom_auth is auth
+            and all(
+                getattr(cls_, name) is getattr(base, name)
+                for base, name in (
+                    (AsyncAPIClient, "request"),
+                    (AsyncAPIClient, "_prepare_options"),
+                    (AsyncAPIClient, "_prepare_request"),
+                    (BaseClient, "_build_request"),
+                    (BaseClient, "_build_headers"),
+                    (BaseClient, "_should_retry"),
+                )
+            )
+            and not switches.proxy_set()
+        ):
+            return None
+        return cls(client, http._transport, auth, auth._token)
+
+    def ready(self, client: Any, options: Any) -> bool:
+        """Whether this request may go lean (what can change per request)."""
+        http = client._client
+        if not (
+            http._transport is self.adapter
+            and client._auth is self.auth
+            and self.auth._token == self.token
+            and not http.is_closed
+            and not http.cookies
+            and not _tinker_log.isEnabledFor(logging.DEBUG)
+            and not _httpx_log.isEnabledFor(logging.INFO)
+            and _OPTIONS.issuperset(options)
+        ):
+            return False
+        if client.timeout is not self.timeout or client._base_url is not self.base_url:
+            self.timeout, self.base_url = client.timeout, client._base_url
+            self.templates.clear()
+        headers = options.get("headers")
+        if headers is not None:
+            for name, value in headers.items():
+                if type(value) is not str or not value.isascii() or not name.isascii():
+                    return False
+                lower = name.lower()
+                if (lower == _RAW_HEADER and value == "stream") or lower == _OVERRIDE_HEADER:
+                    return False
+        timeout = options.get("timeout")
+        return timeout is None or type(timeout) in (int, float)
+
+    async def template(self, client: Any, path: str, names: tuple[str, ...], options: Any) -> _Template | None:
+        """The template for this shape (made on first use), or None when
+        tinker's request for it is not one ours sends."""
+        key = (path, names, options.get("timeout", _UNSET), _sdk_method())
+        try:
+            return self.templates[key]
+        except KeyError:
+            pass
+        if len(self.templates) >= _MAX_TEMPLATES:
+            self.templates.clear()
+        template = self.templates[key] = await _capture_template(client, path, names, options)
+        return template
+
+
+_UNSET = object()
+_tinker_log = logging.getLogger("tinker._base_client")
+_httpx_log = logging.getLogger("httpx")
+_RAW_HEADER = "x-stainless-raw-response"
+_OVERRIDE_HEADER = "____stainless_override_cast_to"
+
+# Marker indices: what a request fills in its template.
+_IDEMPOTENCY, _RETRY, _LENGTH, _EXTRA = 0, 1, 2, 3
+_RETRY_MARK = 7_654_321  # a retry count no request has
+_LENGTH_MARK = 54_321  # the marker body's length
+
+
+def _base_idempotency_key() -> Any:
+    from tinker._base_client import BaseClient
+
+    return BaseClient._idempotency_key
+
+
+_random_bytes = bytearray()
+_random_lock = threading.Lock()
+
+
+def _idempotency_key() -> str:
+    """A key as tinker's ``BaseClient._idempotency_key`` makes it
+    (``stainless-python-retry-`` and a uuid4), its random bytes read from
+    ``os.urandom`` 4 KiB at a time instead of 16 bytes a call."""
+    with _random_lock:
+        if not _random_bytes:
+            _random_bytes.extend(os.urandom(4096))
+        key = bytes(_random_bytes[-16:])
+        del _random_bytes[-16:]
+    return f"stainless-python-retry-{uuid.UUID(bytes=key, version=4)}"
+
+
+os.register_at_fork(after_in_child=_random_bytes.clear)  # a child draws its own
+
+
+def _sdk_method() -> Any:
+    """The SDK method a request is attributed to (tinker 0.38's
+    ``x-sdk-method`` header; None before it)."""
+    var = _sdk_method_var()
+    return None if var is None else var.get()
+
+
+@functools.cache
+def _sdk_method_var() -> Any:
+    try:
+        from tinker.lib import sdk_method
+    except ImportError:  # tinker 0.36: no such header
+        return None
+    return sdk_method._current_sdk_method
+
+
+async def _capture_template(client: Any, path: str, names: tuple[str, ...], options: Any) -> _Template | None:
+    """tinker's request for this shape, built by its own code with marker
+    values, as the adapter would hand it to pyqwest (nothing sent)."""
+    from pyqwest.httpx import _transport as adapter
+    from tinker._base_client import FinalRequestOptions
+
+    salt = secrets.token_hex(6)
+    idempotency = f"trd-idempotency-{salt}"
+    extra = [f"trd-header-{i}-{salt}" for i in range(len(names))]
+    marks = {idempotency: _IDEMPOTENCY, str(_RETRY_MARK): _RETRY, str(_LENGTH_MARK): _LENGTH}
+    marks.update({value: _EXTRA + i for i, value in enumerate(extra)})
+    fields: dict[str, Any] = {"headers": dict(zip(names, extra))} if names else {}
+    if "timeout" in options:
+        fields["timeout"] = options["timeout"]
+    built = FinalRequestOptions.construct(
+        method="post", url=path, json_data=b" " * _LENGTH_MARK, idempotency_key=idempotency, **fields
+    )
+    request = client._build_request(built, retries_taken=_RETRY_MARK)
+    if set(request.extensions) != {"timeout"}:
+        return None
+    flow = client.custom_auth.async_auth_flow(request)
+    request = await flow.__anext__()
+    await flow.aclose()
+    try:
+        adapter.check_scheme(request)
+        at_transport = adapter.convert_headers(request).items()
+    except Exception:  # a request tinker's adapter would refuse: tinker says so
+        return None
+
+    def slots(pairs: Any) -> tuple[tuple[str, str, int], ...]:
+        return tuple((name, value, marks.get(value, -1)) for name, value in pairs)
+
+    headers = slots(at_transport)
+    found = [mark for _, _, mark in headers if mark >= 0]
+    if not {_RETRY, _LENGTH, *range(_EXTRA, _EXTRA + len(names))} <= set(found) or len(found) != len(set(found)):
+        return None  # a marker lost, or one used twice: not a shape ours fills
+    return _Template(
+        method=request.method,
+        url=str(request.url),
+        headers=headers,
+        httpx_headers=slots(request.headers.multi_items()),
+        timeout=adapter.convert_timeout(request.extensions),
+        extensions=dict(request.extensions),
+        httpx_url=request.url,
+    )
+
+
+def make_post(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``AsyncAPIClient.post`` with the requests of :data:`PATHS` sent lean
+    (see the module's docstring); every other call is ``original``'s."""
+    lanes: weakref.WeakKeyDictionary[Any, _Lane | None] = weakref.WeakKeyDictionary()
+    state = {"active": True}
+
+    @functools.wraps(original)
+    async def post(
+        self: Any,
+        path: str,
+        *,
+        cast_to: Any,
+        body: Any = None,
+        files: Any = None,
+        options: Any = {},  # noqa: B006 (tinker's signature; never modified)
+        extra_headers_secret: Any = None,
+        stream: bool = False,
+        stream_cls: Any = None,
+    ) -> Any:
+        if (
+            state["active"]
+            and path in PATHS
+            and files is None
+            and not stream
+            and extra_headers_secret is None
+            and type(body) in (bytes, dict)
+            and asyncio._get_running_loop() is not None
+        ):
+            try:
+                lane = lanes[self]
+            except KeyError:
+                lane = lanes[self] = _Lane.open(self)
+            if lane is not None and lane.ready(self, options):
+                if self._platform is None:  # as tinker's request: its blocking IO off the loop
+                    from tinker._base_client import get_platform
+                    from tinker._utils import asyncify
+
+                    self._platform = await asyncify(get_platform)()
+                headers = options.get("headers") or {}
+                template = await lane.template(self, path, tuple(headers), options)
+                if template is not None:
+                    return await _send(self, lane, template, path, cast_to, body, options, headers)
+        return await original(
+            self,
+            path,
+            cast_to=cast_to,
+            body=body,
+            files=files,
+            options=options,
+            extra_headers_secret=extra_headers_secret,
+            stream=stream,
+            stream_cls=stream_cls,
+        )
+
+    _switches.append(state)
+    return post
+
+
+def _httpx_json(data: Any) -> bytes:
+    """What httpx sends for ``json=data``."""
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+async def _send(
+    client: Any, lane: _Lane, template: _Template, path: str, cast_to: Any, body: Any, options: Any, headers: Any
+) -> Any:
+    """``AsyncAPIClient.request``'s loop for one POST, over the template."""
+    import httpx
+    from httpx._client import ClientState
+    from pyqwest import Headers, Request
+    from tinker import _exceptions
+
+    _sent[0] += 1
+    content = body if type(body) is bytes else _httpx_json(body)
+    idempotency = _idempotency_key() if lane.own_keys else client._idempotency_key()
+    values = [idempotency, "", str(len(content)), *headers.values()]
+    max_retries = options.get("max_retries", client.max_retries)
+    transport = lane.adapter._transport
+    loop = asyncio.get_running_loop()
+    input_options = None
+    for retries_taken in range(max_retries + 1):
+        remaining = max_retries - retries_taken
+        values[_RETRY] = str(retries_taken)
+        client._client._state = ClientState.OPENED
+        start = time.perf_counter()
+        deadline = None if template.timeout is None else loop.time() + template.timeout
+        try:
+            request = Request(
+                template.method,
+                template.url,
+                headers=Headers([(n, v if m < 0 else values[m]) for n, v, m in template.headers]),
+                content=content,
+            )
+            async with asyncio.timeout_at(deadline):
+                response = await transport.execute(request)
+                chunks = [bytes(chunk) async for chunk in response.content]
+        except Exception as exc:
+            sent = _httpx_request(client, template, values, content)
+            error = _as_httpx_error(exc, sent)
+            if remaining > 0:
+                input_options = input_options or _request_options(path, body, options, idempotency)
+                await client._sleep_for_retry(
+                    retries_taken=retries_taken, max_retries=max_retries, options=input_options, response=None
+                )
+                continue
+            if isinstance(error, httpx.TimeoutException):
+                raise _exceptions.APITimeoutError(request=sent) from error
+            raise _exceptions.APIConnectionError(request=sent) from error
+        status = response.status
+        answer = response.headers
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if 200 <= status < 300 and "set-cookie" not in answer and "content-encoding" not in answer:
+            if "x-deprecation-note" in answer:
+                _deprecation_note(client, template, values, content, response, data, start)
+            raw = headers and any(n.lower() == _RAW_HEADER and v for n, v in headers.items())
+            if not raw:
+                parsed = _parse(client, cast_to, answer, data)
+                if parsed is not _UNPARSED:
+                    return parsed
+            full = _httpx_response(client, template, values, content, response, data, start)
+            return await client._process_response(
+                cast_to=cast_to,
+                options=_request_options(path, body, options, idempotency),
+                response=full,
+                stream=False,
+                stream_cls=None,
+                retries_taken=retries_taken,
+            )
+        full = _httpx_response(client, template, values, content, response, data, start)
+        if full.is_success:  # it set a cookie or is encoded: as tinker reads it
+            from tinker._base_client import _log_deprecation_note
+
+            _log_deprecation_note(full)
+            return await client._process_response(
+                cast_to=cast_to,
+                options=_request_options(path, body, options, idempotency),
+                response=full,
+                stream=False,
+                stream_cls=None,
+                retries_taken=retries_taken,
+            )
+        if remaining > 0 and client._should_retry(full):
+            input_options = input_options or _request_options(path, body, options, idempotency)
+            await client._sleep_for_retry(
+                retries_taken=retries_taken, max_retries=max_retries, options=input_options, response=full
+            )
+            continue
+        from tinker._base_client import _log_deprecation_note
+
+        _log_deprecation_note(full)
+        raise client._make_status_error_from_response(full) from None
+    raise AssertionError("could not resolve response (should never happen)")
+
+
+# Requests sent lean in this process (the probe checks its calls were).
+_sent = [0]
+
+
+class _Unparsed:
+    pass
+
+
+_UNPARSED = _Unparsed()
+
+
+def _parse(client: Any, cast_to: Any, answer: Any, data: bytes) -> Any:
+    """What ``AsyncAPIResponse.parse`` gives for a JSON answer cast to one
+    of tinker's models, or _UNPARSED (then tinker's own parse runs)."""
+    from tinker._models import BaseModel
+    from tinker._types import ModelBuilderProtocol
+
+    if not (
+        isinstance(cast_to, type)
+        and issubclass(cast_to, BaseModel)
+        and not issubclass(cast_to, ModelBuilderProtocol)
+        and answer.get("content-type", "*").split(";")[0].endswith("json")
+    ):
+        return _UNPARSED
+    try:
+        parsed = json.loads(data)
+        return client._process_response_data(data=parsed, cast_to=cast_to, response=None)
+    except Exception:  # tinker's parse raises its own exception with the response
+        return _UNPARSED
+
+
+def _request_options(path: str, body: Any, options: Any, idempotency: str) -> Any:
+    """The ``FinalRequestOptions`` tinker's ``request`` holds."""
+    from tinker._base_client import FinalRequestOptions
+
+    return FinalRequestOptions.construct(
+        method="post", url=path, json_data=body, idempotency_key=idempotency, **options
+    )
+
+
+def _httpx_request(client: Any, template: _Template, values: list[str], content: bytes) -> Any:
+    """The ``httpx.Request`` tinker would have sent (for its exceptions and
+    responses)."""
+    import httpx
+
+    return httpx.Request(
+        template.method,
+        template.httpx_url,
+        headers=[(n, v if m < 0 else values[m]) for n, v, m in template.httpx_headers],
+        content=content,
+        extensions=template.extensions,
+    )
+
+
+def _httpx_response(
+    client: Any, template: _Template, values: list[str], content: bytes, response: Any, data: bytes, start: float
+) -> Any:
+    """The ``httpx.Response`` tinker's client would hold, read."""
+    import httpx
+
+    full = httpx.Response(
+        status_code=response.status,
+        headers=httpx.Headers(tuple(response.headers.items())),
+        stream=httpx.ByteStream(data),  # as the adapter's: no header added; decoded as httpx decodes
+        request=_httpx_request(client, template, values, content),
+        default_encoding=client._client._default_encoding,
+    )
+    full.read()
+    full.elapsed = timedelta(seconds=time.perf_counter() - start)
+    if "set-cookie" in full.headers:
+        client._client.cookies.extract_cookies(full)
+    return full
+
+
+def _deprecation_note(
+    client: Any, template: _Template, values: list[str], content: bytes, response: Any, data: bytes, start: float
+) -> None:
+    from tinker._base_client import _log_deprecation_note
+
+    _log_deprecation_note(_httpx_response(client, template, values, content, response, data, start))
+
+
+def _as_httpx_error(exc: Exception, request: Any) -> Exception:
+    """The exception tinker's adapter raises for ``exc`` (pyqwest's, or the
+    deadline's), with ``exc`` as its cause."""
+    import pyqwest
+    from pyqwest.httpx import _transport as adapter
+
+    if isinstance(exc, pyqwest.StreamError):
+        error: Exception = adapter.map_stream_error(exc)
+    elif isinstance(exc, pyqwest.RemoteProtocolError):
+        error = adapter.map_remote_protocol_error(exc, request)
+    elif isinstance(exc, pyqwest.TooManyRedirects):
+        import httpx
+
+        error = httpx.TooManyRedirects(str(exc), request=request)
+    elif isinstance(exc, ConnectionError):
+        error = adapter.map_connection_error(exc, request)
+    elif isinstance(exc, TimeoutError):
+        error = adapter.map_timeout_error(exc, request)
+    elif isinstance(exc, (pyqwest.ReadError, pyqwest.WriteError)):
+        error = adapter.map_network_error(exc, request)
+    elif isinstance(exc, ValueError):
+        error = adapter.map_value_error(exc, request)
+    else:
+        return exc
+    error.__cause__ = exc
+    return error
+
+
+def undo_post() -> None:
+    """At uninstall: a resource that bound ours while installed (tinker's
+    resources keep ``client.post`` from when they were made) calls
+    tinker's again."""
+    while _switches:
+        _switches.pop()["active"] = False
+
+
+# Each made post's switch, until uninstall.
+_switches: list[dict[str, bool]] = []
+
+
+# --------------------------------------------------------------------------
+# The probe
+
+
+class _Recorder:
+    """A pyqwest transport that records each request and answers from a
+    script instead of sending: an answer is (status, headers, body) or an
+    exception to raise."""
+
+    def __init__(self, script: list[Any]) -> None:
+        self.script = list(script)
+        self.requests: list[tuple[str, str, list[tuple[str, str]], bytes]] = []
+
+    async def execute(self, request: Any) -> Any:
+        import pyqwest
+
+        content = request.content
+        if content is None:
+            content = b""
+        elif not isinstance(content, (bytes, bytearray, memoryview)):
+            content = b"".join([bytes(c) async for c in content])
+        content = bytes(content)
+        self.requests.append((request.method, request.url, list(request.headers.items()), content))
+        answer = self.script.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        status, headers, body = answer
+        return pyqwest.Response(status=status, headers=pyqwest.Headers(headers), content=body)
+
+
+def probe_post(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    """Raises ProbeFailed unless tinker's ``post`` and ours, each on a client
+    whose transport records instead of sending, send the same requests and
+    give their callers the same answers and exceptions for the calls a step
+    makes (a sample, a raw future poll, forward_backward and optim_step, a
+    retried 500, a 400, a connection error, a timeout)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    # tinker's request building warns (pydantic's `construct` deprecation) at
+    # each request: not the probe's to show.
+    with warnings.catch_warnings(), ThreadPoolExecutor(1) as pool:  # its own event loop, whatever the caller runs
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pool.submit(asyncio.run, _probe(original, ours)).result()
+
+
+def _probe_cases() -> list[tuple[str, Callable[[Any], Any], list[Any]]]:
+    """(name, call on a client, the transport's answers)."""
+    import pyqwest
+    from tinker import types
+    from tinker.types.future_retrieve_request import FutureRetrieveRequest
+
+    request = types.SampleRequest(
+        sampling_session_id="probe-session",
+        seq_id=7,
+        num_samples=1,
+        prompt=types.ModelInput.from_ints([1, 2, 3]),
+        sampling_params=types.SamplingParams(max_tokens=4, stop=["\n"]),
+        prompt_logprobs=False,
+    )
+    future = (200, [("content-type", "application/json")], b'{"request_id": "r-1", "sample_sequence_ids": ["s-3"]}')
+    polled = (200, [("content-type", "application/json"), ("x-probe", "1")], b'{"type": "try_again"}')
+    failed = (500, [("content-type", "application/json"), ("retry-after-ms", "1")], b'{"error": "x"}')
+    empty400 = (400, [("content-length", "0")], b"")
+
+    def asample(client: Any, retries: int = 0) -> Any:
+        return client.sampling.asample(
+            request=request, max_retries=retries, extra_headers={"X-Tinker-Sampling-Backpressure": "1"}
+        )
+
+    async def poll(client: Any) -> Any:
+        response = await client.futures.with_raw_response.retrieve(
+            request=FutureRetrieveRequest(request_id="r-1", allow_metadata_only=True),
+            timeout=45,
+            extra_headers={
+                "X-Tinker-Request-Iteration": "0",
+                "X-Tinker-Request-Type": "Sample",
+                "Accept": "application/x-protobuf",
+                "X-Tinker-Create-Promise-Roundtrip-Time": "0.25",
+            },
+            max_retries=0,
+        )
+        return (response.status_code, list(response.headers.multi_items()), await response.json())
+
+    def optim_step(client: Any) -> Any:
+        return client.training.optim_step(
+            # adam_params: 0.36's field, 0.38's alias of optim_params
+            request=types.OptimStepRequest(adam_params=types.AdamParams(learning_rate=1e-4), model_id="m", seq_id=2)  # type: ignore[call-arg]
+        )
+
+    def forward_backward(client: Any) -> Any:
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints([1, 2]),
+            loss_fn_inputs={"target_tokens": types.TensorData(data=[2, 3], dtype="int64", shape=[2])},
+        )
+        return client.training.forward_backward(
+            request=types.ForwardBackwardRequest(
+                forward_backward_input=types.ForwardBackwardInput(data=[datum], loss_fn="cross_entropy"),
+                model_id="m",
+                seq_id=3,
+            )
+        )
+
+    return [
+        ("sample", asample, [future]),
+        ("future poll", poll, [polled]),
+        ("optim_step", optim_step, [future]),
+        ("forward_backward", forward_backward, [future]),
+        ("a retried 500", lambda c: asample(c, 2), [failed, failed, future]),
+        ("a 500", asample, [failed]),
+        ("an empty 400", asample, [empty400]),
+        ("a connection error", asample, [ConnectionError("refused")]),
+        ("a timeout", asample, [TimeoutError("timed out")]),
+        ("a reset stream", asample, [pyqwest.ReadError("reset")]),
+    ]
+
+
+async def _probe(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    from pyqwest.httpx import AsyncPyqwestTransport
+    from tinker._base_client import get_platform
+    from tinker._client import AsyncTinker
+
+    platform = get_platform()
+    clients = []
+    for post in (original, ours):
+        client = AsyncTinker(api_key="tml-probe-key", base_url="http://probe.invalid:8000")
+        client._platform = platform
+        client._client._transport = AsyncPyqwestTransport(_Recorder([]))  # type: ignore[arg-type]
+        client.post = pytypes.MethodType(post, client)  # type: ignore[method-assign]  # resources bind it when made
+        clients.append(client)
+    try:
+        for name, call, script in _probe_cases():
+            seen = []
+            before = _sent[0]
+            for client in clients:
+                recorder = _Recorder(script)
+                adapter: Any = client._client._transport
+                adapter._transport = recorder
+                try:
+                    got: Any = ("ok", _comparable(await call(client)))
+                except Exception as exc:
+                    got = ("raised", _comparable_error(exc))
+                seen.append((got, [_comparable_request(r) for r in recorder.requests]))
+            (theirs, their_requests), (mine, my_requests) = seen
+            check(bool(their_requests), f"{name}: tinker's post sent nothing (probe out of date)")
+            check(_sent[0] > before, f"{name}: ours left the call to tinker's post")
+            check(
+                my_requests == their_requests,
+                f"{name}: our requests differ from tinker's: {my_requests} vs {their_requests}",
+            )
+            check(mine == theirs, f"{name}: callers get {mine} from ours, {theirs} from tinker's")
+    finally:
+        for client in clients:
+            await client.close()
+
+
+def _comparable_request(request: tuple[str, str, list[tuple[str, str]], bytes]) -> Any:
+    """A request but its idempotency key's random part."""
+    method, url, headers, content = request
+    return method, url, [(n, v[:23] if n.lower() == "x-idempotency-key" else v) for n, v in headers], content
+
+
+def _comparable(result: Any) -> Any:
+    return result.model_dump() if hasattr(result, "model_dump") else result
+
+
+def _comparable_error(exc: BaseException) -> Any:
+    """What callers read of an exception: its class, message, status,
+    body, response headers, request line and cause chain's classes."""
+    response = getattr(exc, "response", None)
+    request = getattr(exc, "request", None)
+    causes = []
+    cause = exc.__cause__
+    while cause is not None:
+        causes.append(type(cause))
+        cause = cause.__cause__
+    return (
+        type(exc),
+        str(exc),
+        getattr(exc, "body", None),
+        None if response is None else (response.status_code, list(response.headers.multi_items()), response.content),
+        None
+        if request is None
+        else (request.method, str(request.url), [(n, v) for n, v in request.headers.multi_items() if n.lower() != "x-idempotency-key"]),
+        causes,
+    )
+
+
+PIECES = (
+    Piece(
+        "tinker._base_client",
+        "AsyncAPIClient.post",
+        "transport",
+        make_post,
+        probe_post,
+        spread=False,
+        undo=undo_post,
+        label="step requests sent lean",
+    ),
+)
+
+FEATURE = Feature("transport", "tinker's step requests sent lean", PIECES)

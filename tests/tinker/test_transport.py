@@ -1,0 +1,314 @@
+"""tinker_rl_data.tinker.transport: tinker's step requests sent lean.
+
+- On the wire (the fake service, fake_tinker.py --capture, records every request as
+  received): a sampling client's samples and compute_logprobs, a training
+  client's forward_backward and optim_step, each with its future polls,
+  send the same requests installed as stock: method, path, header lines
+  in order, bodies; but the idempotency key's random part and the
+  round-trip-time header's value. Each variant runs in its own process.
+- A connection closed in the middle of a response is retried as tinker
+  retries it (the same requests received, the same answer); a service
+  that answers nothing leaves, once the callers are cancelled, no task on
+  tinker's loop and no thread behind.
+- With coalesced sampling on too, merged requests go out lean.
+- The install probe fails for a post that sends another request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+# The fake service (tests/support/fake_tinker.py).
+FAKE_DIRS = [Path(__file__).resolve().parents[1] / "support"]
+PATHS = ("/api/v1/asample", "/api/v1/retrieve_future", "/api/v1/forward_backward", "/api/v1/optim_step")
+VOLATILE = "x-tinker-create-promise-roundtrip-time"
+
+
+def run_child(variant: str, tmp: Path) -> dict:
+    out = tmp / f"{variant}.json"
+    proc = subprocess.run(
+        [sys.executable, __file__, variant, str(tmp / variant), str(out)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def comparable(wire: list[dict]) -> list[tuple]:
+    """The step's requests, but the two volatile values (and the port)."""
+    out = []
+    for request in wire:
+        if request["path"] not in PATHS:
+            continue
+        headers = []
+        for name, value in request["headers"]:
+            if name.lower() == "x-idempotency-key":
+                value = value[: len("stainless-python-retry-")] + f"<{len(value)}>"
+            elif name.lower() == VOLATILE:
+                value = "<time>"
+            elif name.lower() == "host":  # each run's service has its own port
+                value = value.rpartition(":")[0]
+            headers.append((name, value))
+        out.append((request["method"], request["path"], request["version"], headers, request["body"]))
+    return out
+
+
+def test_the_step_requests_on_the_wire_are_stocks(tmp_path):
+    stock, installed = run_child("stock", tmp_path), run_child("installed", tmp_path)
+    assert installed["lean"] >= 8, installed  # each call and poll went lean
+    assert stock["results"] == installed["results"]
+    theirs, ours = comparable(stock["wire"]), comparable(installed["wire"])
+    assert {path for _, path, *_ in theirs} == set(PATHS)
+    assert len(ours) == len(theirs)
+    for mine, stocks in zip(ours, theirs):
+        assert mine == stocks
+
+
+def test_coalesced_sampling_goes_out_lean(tmp_path):
+    run = run_child("coalesced", tmp_path)
+    if not run["coalescing"]:
+        pytest.skip("coalesced sampling is not installed with this tinker")
+    assert run["merged"] > 0 and run["lean"] > 0, run
+
+
+# --------------------------------------------------------------------------
+# A response cut short; a service that never answers
+
+
+class CutShort:
+    """A local HTTP/1.1 server: the first request to /api/v1/asample gets
+    the head and part of its body, then the connection closes; every
+    other request gets a complete answer."""
+
+    ANSWER = b'{"request_id": "r-1", "sample_sequence_ids": ["s-1"]}'
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CutShort:
+        self.thread.start()
+        self.ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self.ready.set()
+        self.loop.run_forever()
+        server.close()
+        pending = asyncio.all_tasks(self.loop)
+        for task in pending:
+            task.cancel()
+        self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self.loop.run_until_complete(asyncio.sleep(0.05))  # the transports' closing callbacks
+        self.loop.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0
+                )
+                body = await reader.readexactly(length)
+                self.received.append(head.split(b"\r\n")[0] + b" " + body)
+                reply = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(self.ANSWER)
+                if len(self.received) == 1:
+                    writer.write(reply + self.ANSWER[:10])
+                    await writer.drain()
+                    writer.close()
+                    return
+                writer.write(reply + self.ANSWER)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def _asample(client):
+    from tinker import types
+
+    request = types.SampleRequest(
+        sampling_session_id="s", seq_id=1, num_samples=1, prompt=types.ModelInput.from_ints([1, 2]),
+        sampling_params=types.SamplingParams(max_tokens=2),
+    )
+    return client.sampling.asample(request=request, max_retries=2)
+
+
+@pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20")  # tinker's own
+@pytest.mark.parametrize("variant", ["stock", "ours"])
+def test_a_response_cut_short_is_retried_as_tinker_retries_it(variant, monkeypatch):
+    from tinker._base_client import AsyncAPIClient
+    from tinker._client import AsyncTinker
+
+    from tinker_rl_data.tinker import transport
+
+    if variant == "ours":
+        monkeypatch.setattr(AsyncAPIClient, "post", transport.make_post(AsyncAPIClient.post))
+    monkeypatch.setattr("tinker._base_client.INITIAL_RETRY_DELAY", 0.01)
+    sent = transport._sent[0]
+
+    async def main(port):
+        client = AsyncTinker(api_key="tml-test-key", base_url=f"http://127.0.0.1:{port}")
+        try:
+            return await _asample(client)
+        finally:
+            await client.close()
+
+    with CutShort() as server:
+        future = asyncio.run(main(server.port))
+    assert future.request_id == "r-1"
+    assert len(server.received) == 2 and server.received[0] == server.received[1]
+    assert (transport._sent[0] > sent) == (variant == "ours")
+
+
+def test_cancelled_callers_leave_no_task_or_thread_behind(tmp_path):
+    # The service holds every sample's answer for 30 s; the callers are
+    # cancelled after a second (as Ctrl-C cancels asyncio.run's task).
+    proc = subprocess.run(
+        [sys.executable, __file__, "cancel", str(tmp_path / "cancel"), str(tmp_path / "cancel.json")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = json.loads((tmp_path / "cancel.json").read_text())
+    assert run["lean"] > 0 and run["cancelled"] == 20, run
+    assert run["tasks_after"] <= run["tasks_before"], run
+    assert run["threads_after"] <= run["threads_before"], run
+
+
+# --------------------------------------------------------------------------
+# The probe
+
+
+def test_the_probe_refuses_a_post_that_differs_from_tinkers(monkeypatch):
+    from tinker._base_client import AsyncAPIClient
+
+    from tinker_rl_data.errors import ProbeFailed
+    from tinker_rl_data.tinker import transport
+
+    original = AsyncAPIClient.post
+    transport.probe_post(original, transport.make_post(original))  # passes as made
+    with monkeypatch.context() as m:  # a JSON body written with spaces
+        m.setattr(transport, "_httpx_json", lambda data: json.dumps(data).encode())
+        with pytest.raises(ProbeFailed, match="requests differ"):
+            transport.probe_post(original, transport.make_post(original))
+    with monkeypatch.context() as m:  # pyqwest's errors raised unmapped
+        m.setattr(transport, "_as_httpx_error", lambda exc, request: exc)
+        with pytest.raises(ProbeFailed, match="callers get"):
+            transport.probe_post(original, transport.make_post(original))
+
+
+# --------------------------------------------------------------------------
+# Child processes: one variant each
+
+
+def child(variant: str, record: str, out: str) -> None:
+    sys.path[:0] = [str(d) for d in FAKE_DIRS if (d / "fake_tinker.py").exists()]
+    os.environ["TINKER_API_KEY"] = "tml-fake-test-key"
+    from fake_tinker import FakeTinker, read_capture
+
+    import tinker
+    from tinker import types
+
+    import tinker_rl_data.cookbook
+    from tinker_rl_data.tinker import coalesce, transport
+
+    coalescing = False
+    if variant != "stock":
+        report = tinker_rl_data.cookbook.install(gc=False, coalesce=variant == "coalesced")
+        assert any(title == transport.PIECES[0].title for title, _ in report.installed), report
+        coalescing = any(title == coalesce.PIECES[0].title for title, _ in report.installed)
+    prompt = types.ModelInput.from_ints(list(range(1, 40)))
+    params = types.SamplingParams(max_tokens=8, temperature=1.0)
+    result: dict = {"variant": variant, "coalescing": variant != "stock" and coalescing}
+    faults = "seed=1,rate=1,kinds=slow,slow=30" if variant == "cancel" else None
+    Path(record).mkdir(parents=True, exist_ok=True)
+    wire = Path(record) / "wire.jsonl"
+    with FakeTinker(record=record, capture=wire, faults=faults) as fake:
+        service = tinker.ServiceClient(base_url=fake.base_url)
+        sampler = service.create_sampling_client(base_model="fake/model")
+        sampler = sampler.result() if hasattr(sampler, "result") else sampler  # 0.38: a future of it
+        if variant == "cancel":
+            result.update(cancel(sampler, prompt, params))
+        elif variant == "coalesced":
+
+            async def group():
+                return await asyncio.gather(*(sampler.sample_async(prompt, 1, params) for _ in range(8)))
+
+            asyncio.run(group())
+            result["merged"] = coalesce.counts()["merged_requests"]
+        else:
+            results = [sampler.sample(prompt, 1, params).result() for _ in range(2)]
+            results.append(sampler.compute_logprobs(prompt).result())
+            trainer = service.create_lora_training_client(base_model="fake/model", rank=8)
+            datum = types.Datum(
+                model_input=types.ModelInput.from_ints([1, 2, 3]),
+                loss_fn_inputs={"target_tokens": types.TensorData(data=[2, 3, 4], dtype="int64", shape=[3])},
+            )
+            results.append(trainer.forward_backward([datum], "cross_entropy").result())
+            results.append(trainer.optim_step(types.AdamParams(learning_rate=1e-4)).result())
+            result["results"] = json.loads(json.dumps(results, default=repr))
+        result["lean"] = transport._sent[0]
+    if variant != "cancel":
+        result["wire"] = [{**r, "body": r["body"].hex()} for r in read_capture(wire)]
+    Path(out).write_text(json.dumps(result))
+
+
+def cancel(sampler, prompt, params) -> dict:
+    holder = sampler.holder
+    loop = holder.get_loop()
+
+    def tasks() -> int:
+        return asyncio.run_coroutine_threadsafe(_count_tasks(), loop).result(10)
+
+    before = {"tasks_before": tasks(), "threads_before": threads()}
+
+    async def callers():
+        calls = [asyncio.ensure_future(sampler.sample_async(prompt, 1, params)) for _ in range(20)]
+        await asyncio.sleep(1.0)
+        for call in calls:
+            call.cancel()
+        done = await asyncio.gather(*calls, return_exceptions=True)
+        return sum(isinstance(d, asyncio.CancelledError) for d in done)
+
+    cancelled = asyncio.run(callers())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and tasks() > before["tasks_before"]:
+        time.sleep(0.1)
+    return {
+        **before,
+        "cancelled": cancelled,
+        "tasks_after": tasks(),
+        "threads_after": threads(),
+    }
+
+
+def threads() -> int:
+    """Threads but the loop's default executor's (tinker's asyncify: a
+    pool of idle threads, stock's as ours)."""
+    return sum(not t.name.startswith("asyncio_") for t in threading.enumerate())
+
+
+async def _count_tasks() -> int:
+    return len([t for t in asyncio.all_tasks() if t is not asyncio.current_task()])
+
+
+if __name__ == "__main__":
+    child(*sys.argv[1:4])
