@@ -769,11 +769,13 @@ class Ac:  # a cookbook action whose tokens property arms it
     @property
     def maybe_logprobs(self):  # Python code run after the tokens were read (see Half)
         keep.append(Slot())
+        gc.collect()  # (whether the allocations above set one off depends on the heap's counts)
         return [-0.5] * 4
 
 class Half:  # a logprob read after the tokens: Python code that allocates, where from 3.12 on a collection runs
     def __float__(self):
         keep.append(Slot())
+        gc.collect()  # (as in Ac.maybe_logprobs)
         return -0.5
 
 class Transition:
