@@ -77,7 +77,7 @@ WORKER = textwrap.dedent(
             "frozen": gc.get_freeze_count(),
         })
     state = _workers._worker
-    collector = state.collector
+    collector = state.parts["gc"].collector if "gc" in state.parts else None
     print(json.dumps({
         "inside": inside, "between": between, "collector": collector is not None,
         "steps": collector.stats.steps if collector else 0,

@@ -3,7 +3,7 @@
 The fast tests check the piece and its pickling in this process (by value
 too), the driver's bounded record of 2,000 workers, a worker's side of a
 rollout in this process (no `resource` module, macOS units, threads, no
-coalescing), and the worker's install in a fresh interpreter (a failing
+coalescing, a feature's `worker` hook around each rollout), and the worker's install in a fresh interpreter (a failing
 probe: one warning, the rest installed; strict: the task raises). Spawn
 pools of one worker with a stand-in rollout (tests/support/worker_pool.py):
 a worker that cannot import the package or its core runs the cookbook's
@@ -27,12 +27,15 @@ dependency only: .ci/run installs it in the 3.12 leg).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import pickle
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -47,7 +50,10 @@ except ImportError as exc:
 
 from tinker_rl_data.cookbook import gc_step
 from tinker_rl_data.cookbook import workers as _workers
+from tinker_rl_data.errors import ProbeFailed
 from tinker_rl_data.patch import transaction as _patch
+from tinker_rl_data.patch.feature import Feature
+from tinker_rl_data.patch.piece import Piece
 from tinker_rl_data import cookbook as tcookbook
 
 RUNNER = Path(__file__).resolve().parents[1] / "support" / "trainer_run.py"
@@ -280,6 +286,74 @@ def test_without_coalescing_no_sample_calls_are_reported(monkeypatch):
     _workers.reset()
 
 
+class RolloutsSeen:
+    """A feature's part in a worker (a WorkerPart): counts the rollouts it
+    wrapped, raised ones too."""
+
+    def __init__(self, start):
+        self.start, self.entered, self.exited = start, 0, 0
+
+    @contextlib.contextmanager
+    def rollout(self):
+        self.entered += 1
+        try:
+            yield
+        finally:
+            self.exited += 1
+
+    def counters(self):
+        return {"fake_rollouts": self.exited}
+
+
+def _wrapped(original):
+    return functools.wraps(original)(lambda *args, **kwargs: original(*args, **kwargs))
+
+
+def _same_json(original, ours):
+    if ours({"a": [1]}) != original({"a": [1]}):
+        raise ProbeFailed("other text")
+
+
+@pytest.mark.parametrize("skipped", [False, True])
+def test_a_features_worker_hook_wraps_each_rollout(monkeypatch, skipped):
+    """A feature's `worker` hook, in a worker where its pieces went in: its
+    part wraps each rollout (one that raises too) and its counters travel
+    back with the results; where they were skipped, no hook call."""
+    parts = []
+
+    def worker(start):
+        parts.append(RolloutsSeen(start))
+        return parts[-1]
+
+    piece = Piece("json", "dumps", "fake", _wrapped, _same_json, spread=False)
+    catalog = types.ModuleType("fake_catalog")
+    catalog.declared = lambda: (Feature("fake", "a feature of the test", (piece,), worker=worker),)
+    monkeypatch.setitem(sys.modules, "fake_catalog", catalog)
+    assert not _patch.installed()
+    _workers.reset()
+    try:
+        back = rollout_here(monkeypatch, options=("fake",), catalog="fake_catalog", skip=("fake",) if skipped else ())
+        settings = _workers._worker.settings
+
+        def fails(task):
+            raise ValueError("the rollout failed")
+
+        monkeypatch.setattr(rollouts, "_run_rollout_sync", fails)
+        with pytest.raises(ValueError, match="the rollout failed"):
+            _workers.run_rollout(settings, "task")
+    finally:
+        _patch.uninstall(owner=_workers.OWNER)
+    counters = _workers.seen()[0]["counters"]
+    _workers.reset()
+    if skipped:
+        assert back["installed"] == [] and parts == [] and "fake_rollouts" not in counters
+        return
+    assert back["installed"] and len(parts) == 1
+    [part] = parts
+    assert (part.start.inherited, part.start.driver) == (False, False)
+    assert part.entered == part.exited == 2 and counters["fake_rollouts"] == 1  # as of the first result
+
+
 def test_rollouts_in_threads_add_up(monkeypatch):
     """A Ray actor with max_concurrency > 1 runs rollouts in threads: every
     rollout is counted once in the driver's totals."""
@@ -394,7 +468,7 @@ WORKER = textwrap.dedent(
             sys.exit(0)
     ours = [str(w.message) for w in caught if issubclass(w.category, _patch.InstallWarning)]
     print(json.dumps({"how": state.how, "installed": state.installed, "left": state.left, "warnings": ours,
-                      "collector": state.collector is not None}))
+                      "collector": "gc" in state.parts}))
     """
 )
 

@@ -24,7 +24,7 @@ def rollout(task: Any) -> dict[str, Any]:
     """The task back, with what this worker installed (None where the package is not loaded)."""
     workers = sys.modules.get("tinker_rl_data.cookbook.workers")
     state = getattr(workers, "_worker", None)
-    collector = getattr(state, "collector", None)
+    collector = getattr(getattr(state, "parts", {}).get("gc"), "collector", None)
     return {
         "task": task,
         "how": getattr(state, "how", None),

@@ -73,7 +73,12 @@ collection and the freeze), then :meth:`StepCollector.step_held` and
 :meth:`StepCollector.step_released` around each step: the same policy
 inside it, one full collection at its end, and between steps the
 program's thresholds, enabled flag and callbacks (its other code is
-collected as without this module); only the freeze stays.
+collected as without this module); only the freeze stays. The feature's
+``worker`` hook (:func:`worker_started`) does this in a worker where the
+gc pieces went in, with a new collector of the defaults (the driver's
+headroom: the worker takes its switches), and its guard's early
+collection runs on whichever event loop is running where it fires (the
+rollout's own ``asyncio.run`` loop or tinker's client thread).
 
 Nothing here changes what the trainer computes, only when the collector
 runs. The step boundary is the function each of ``rl.train``'s loops calls
@@ -89,6 +94,7 @@ wrapper factory for each; :data:`PIECES` (feature ``gc``) installs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import gc
@@ -97,12 +103,12 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from .. import switches
-from ..patch.feature import Feature, Option
+from ..patch.feature import Feature, Option, WorkerPart, WorkerStart
 from ..patch.piece import Piece, ProbeFailed
 
 TRAIN_MODULE = "tinker_cookbook.rl.train"
@@ -689,6 +695,59 @@ def configured(options: Any) -> None:
         configure(headroom=options["gc_headroom"])
 
 
+class _RunningLoop:
+    """Where a worker's guard collection runs: the event loop running in
+    the thread where the guard fires (a rollout's ``asyncio.run`` loop, or
+    tinker's client thread). RuntimeError when there is none: the collector
+    then tries again at a later young collection."""
+
+    def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any) -> Any:
+        return asyncio.get_running_loop().call_soon_threadsafe(callback, *args)
+
+
+class RolloutSteps(WorkerPart):
+    """In a rollout worker: each group rollout is a step of ``collector``
+    (held before it, released after it, raised or not), the releases'
+    full collections timed (``gc_step_ms``)."""
+
+    def __init__(self, collector: StepCollector) -> None:
+        self.collector = collector
+        self.step_ms = 0.0
+
+    @contextlib.contextmanager
+    def rollout(self) -> Iterator[None]:
+        self.collector.step_held(_RunningLoop())  # type: ignore[arg-type]  # a loop in call_soon_threadsafe only
+        try:
+            yield
+        finally:
+            start = time.perf_counter()
+            self.collector.step_released()
+            self.step_ms += (time.perf_counter() - start) * 1e3
+
+    def counters(self) -> dict[str, Any]:
+        stats = self.collector.stats
+        return {
+            "gc_step_ms": round(self.step_ms, 1),
+            "gc_steps": stats.steps,
+            "gc_guard_collections": stats.guard_collections,
+            "gc_young_collections": stats.young_collections,
+            "gc_froze": stats.froze,
+        }
+
+
+def worker_started(start: WorkerStart) -> RolloutSteps | None:
+    """The feature's ``worker`` hook: a new collector, settled (one full
+    collection, the worker's imports frozen), held to each rollout; None
+    in the driver's own process while its loop holds :data:`COLLECTOR`."""
+    if COLLECTOR.active and start.inherited and not start.driver:
+        COLLECTOR.restore()  # a copy of the driver's loop state
+    if COLLECTOR.active:
+        return None
+    collector = StepCollector()
+    collector.settle()
+    return RolloutSteps(collector)
+
+
 FEATURE = Feature(
     "gc",
     "GC held to the trainer's step",
@@ -703,4 +762,5 @@ FEATURE = Feature(
         ),
     ),
     configure=configured,
+    worker=worker_started,
 )

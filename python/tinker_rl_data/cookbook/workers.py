@@ -34,25 +34,22 @@ plain data, and unpickling it needs nothing of this package
   worker's ``InstallError`` is raised by the task, so the driver's run
   stops with it, as a strict install there would. Settings ``None`` (the
   driver uninstalled or is disabled): the worker installs nothing.
-- where the gc pieces went in (``"gc"`` asked, not skipped, probes
-  passed): a group rollout is the worker's step. A
-  :class:`~tinker_rl_data.cookbook.gc_step.StepCollector` with the driver's
-  defaults (the same memory guard) settles at the install (one full
-  collection, the worker's imports frozen), holds the collector to young
-  collections during each rollout, collects fully at its end and puts the
-  program's thresholds and callbacks back until the next (the freeze
-  stays); the guard's early collection runs on whichever event loop is
-  running where it fires (the rollout's own ``asyncio.run`` loop or
-  tinker's client thread).
+- then each feature's ``worker`` hook, for the features whose pieces went
+  in there (asked, not skipped, probes passed): the
+  :class:`~tinker_rl_data.patch.feature.WorkerPart` it returns wraps each
+  rollout and adds to the worker's counters (gc: each group rollout is
+  the worker's step, :class:`~tinker_rl_data.cookbook.gc_step.RolloutSteps`;
+  coalesce: its counts).
 - then the cookbook's own ``_run_rollout_sync``.
 
 What the workers did, the driver sees: a worker's result travels back
 wrapped so that unpickling it in the driver hands the cookbook the plain
 result and records, per worker (host, pid and a random token: two
 containers can share a host name and pid), its install summary (with its
-first result) and its counters (rollouts, CPU, peak RSS, GC steps and
-collections, coalesced sample calls; with every result, a few dozen
-bytes, cumulative and since its previous result). The record is bounded:
+first result) and its counters (rollouts, CPU, peak RSS, and what the
+features' worker parts add: GC steps and collections, coalesced sample
+calls; with every result, a few dozen bytes, cumulative and since its
+previous result). The record is bounded:
 totals over every worker (:func:`totals`) and the last :data:`SHOWN`
 workers in full (:func:`seen`); :func:`describe` renders both for
 ``status()``, and each worker's first summary is logged once on the
@@ -81,7 +78,7 @@ a worker that lacks it.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -96,7 +93,7 @@ from typing import Any, Callable
 
 from .. import switches
 from ..errors import InstallError, InstallWarning, NotNeeded, ProbeFailed
-from ..patch.feature import Feature, InstallCall
+from ..patch.feature import Feature, InstallCall, WorkerPart, WorkerStart
 from ..patch.piece import Piece
 
 logger = logging.getLogger("tinker_rl_data")
@@ -342,16 +339,6 @@ def uninstalled() -> None:
 # In the worker
 
 
-class _RunningLoop:
-    """Where the worker's guard collection runs: the event loop running in
-    the thread where the guard fires (a rollout's ``asyncio.run`` loop, or
-    tinker's client thread). RuntimeError when there is none: the collector
-    then tries again at a later young collection."""
-
-    def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any) -> Any:
-        return asyncio.get_running_loop().call_soon_threadsafe(callback, *args)
-
-
 @dataclass
 class _Worker:
     settings: Settings | None = None
@@ -360,9 +347,8 @@ class _Worker:
     left: list[tuple[str, str]] = field(default_factory=list)
     probe_ms: float = 0.0
     setup_ms: float = 0.0
-    collector: Any = None
+    parts: dict[str, WorkerPart] = field(default_factory=dict)  # feature -> what its worker hook returned
     rollouts: int = 0
-    step_gc_ms: float = 0.0
     summary_sent: bool = False
     # What the last result carried (its deltas are since then); a Ray actor
     # may run rollouts in several threads.
@@ -440,16 +426,12 @@ def _set_up(settings: Settings) -> _Worker:
                 InstallWarning,
                 stacklevel=2,
             )
-    if _patch.installed("gc"):
-        # The gc pieces went in here (not skipped, probes passed): each
-        # rollout is a step (run_rollout holds the collector to it).
-        from . import gc_step as _gc_step
-
-        if _gc_step.COLLECTOR.active and state.how == "inherited" and settings.driver != _me():
-            _gc_step.COLLECTOR.restore()  # a copy of the driver's loop state
-        if not _gc_step.COLLECTOR.active:
-            state.collector = _gc_step.StepCollector()
-            state.collector.settle()
+    start = WorkerStart(inherited=state.how == "inherited", driver=settings.driver == _me())
+    for feature in settings.features():
+        if feature.worker is not None and _patch.installed(feature.name):
+            part = feature.worker(start)
+            if part is not None:
+                state.parts[feature.name] = part
     return state
 
 
@@ -467,16 +449,13 @@ def run_rollout(settings: Settings | None, task: Any) -> Any:
                 _worker = _set_up(settings)
                 _worker.setup_ms = (time.perf_counter() - start) * 1e3
     state = _worker
-    if state.collector is not None:
-        state.collector.step_held(_RunningLoop())
-    try:
-        result = original(task)
-    finally:
-        state.rollouts += 1
-        if state.collector is not None:
-            start = time.perf_counter()
-            state.collector.step_released()
-            state.step_gc_ms += (time.perf_counter() - start) * 1e3
+    with contextlib.ExitStack() as parts:
+        for part in state.parts.values():
+            parts.enter_context(part.rollout())
+        try:
+            result = original(task)
+        finally:
+            state.rollouts += 1
     if settings.driver == _me():
         return result  # not pickled back: the cookbook's result as it is
     return _delivery(state, result)
@@ -531,16 +510,8 @@ def _counters(state: _Worker) -> dict[str, Any]:
     peak = _peak_rss_mb()
     if peak is not None:
         out["peak_rss_mb"] = peak
-    if state.collector is not None:
-        out["gc_step_ms"] = round(state.step_gc_ms, 1)
-        stats = state.collector.stats
-        out["gc_steps"] = stats.steps
-        out["gc_guard_collections"] = stats.guard_collections
-        out["gc_young_collections"] = stats.young_collections
-        out["gc_froze"] = stats.froze
-    coalesce = sys.modules.get("tinker_rl_data.tinker.coalesce")
-    if coalesce is not None and state.settings is not None and "coalesce" in state.settings.options:
-        out.update(coalesce.counts())
+    for part in state.parts.values():
+        out.update(part.counters())
     return out
 
 

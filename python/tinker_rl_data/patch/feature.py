@@ -12,12 +12,13 @@ feature) is adapted by one line::
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from .piece import Piece
 
-__all__ = ["Feature", "InstallCall", "Option", "WorkerStart", "selected"]
+__all__ = ["Feature", "InstallCall", "Option", "WorkerPart", "WorkerStart", "selected"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,22 @@ class WorkerStart:
     driver: bool
 
 
+class WorkerPart:
+    """What a feature does in a rollout worker where its pieces went in
+    (what its ``worker`` hook returns): each rollout runs inside
+    :meth:`rollout`, and :meth:`counters` are added to the worker's
+    counters carried back with every result. Both do nothing unless
+    overridden."""
+
+    def rollout(self) -> contextlib.AbstractContextManager[object]:
+        """A context manager the rollout runs inside (exited when it raises too)."""
+        return contextlib.nullcontext()
+
+    def counters(self) -> Mapping[str, float]:
+        """Numbers for the worker's counters, as of now (cumulative)."""
+        return {}
+
+
 @dataclass(frozen=True)
 class Feature:
     """One feature of the package.
@@ -75,10 +92,9 @@ class Feature:
     ``installed(call)`` after install() (:class:`InstallCall`);
     ``uninstalled()`` after ``cookbook.uninstall()``; ``status()``: lines
     the report adds while some piece of it is installed; ``worker(start)``:
-    what a rollout worker does with it once installed there
-    (:class:`WorkerStart`), returning what to run at the end of each
-    rollout, or None (not called yet: ``workers._set_up`` still starts
-    gc's collector itself).
+    in a rollout worker where its pieces went in, once before the first
+    rollout (:class:`WorkerStart`), a :class:`WorkerPart` around each
+    rollout and for the counters, or None.
     """
 
     name: str
@@ -91,7 +107,7 @@ class Feature:
     installed: Callable[[InstallCall], None] | None = None
     uninstalled: Callable[[], None] | None = None
     status: Callable[[], list[str]] | None = None
-    worker: Callable[[WorkerStart], Callable[[], None] | None] | None = None
+    worker: Callable[[WorkerStart], WorkerPart | None] | None = None
 
     def __post_init__(self) -> None:
         other = [p.where for p in self.pieces if p.feature != self.name]

@@ -69,7 +69,7 @@ from concurrent.futures import CancelledError, Future, InvalidStateError, as_com
 from typing import Any, Callable
 
 from .. import _core
-from ..patch.feature import Feature
+from ..patch.feature import Feature, WorkerPart, WorkerStart
 from ..patch.piece import Piece, ProbeFailed
 from . import sample as sampling
 
@@ -492,4 +492,17 @@ def status() -> list[str]:
     return [f"coalesced sampling: {merged.get('merged_calls', 0)} calls sent as {merged.get('merged_requests', 0)} requests"]
 
 
-FEATURE = Feature("coalesce", "coalesced sampling", PIECES, default=False, status=status)
+class _WorkerCounts(WorkerPart):
+    """In a rollout worker: :func:`counts`, carried back with each result."""
+
+    def counters(self) -> dict[str, int]:
+        return counts()
+
+
+def worker_started(start: WorkerStart) -> WorkerPart:
+    """The feature's ``worker`` hook (where its pieces went in: a worker
+    without them reports no sample calls)."""
+    return _WorkerCounts()
+
+
+FEATURE = Feature("coalesce", "coalesced sampling", PIECES, default=False, status=status, worker=worker_started)
