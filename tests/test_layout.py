@@ -53,3 +53,10 @@ def test_no_test_runs_or_imports_bench():
     others = [path for path in sorted(TESTS.rglob("*.py")) if path != Path(__file__).resolve()]  # not this check
     found = [hit for path in others for hit in reaches_into_bench(path)]
     assert not found, "tests reach into bench/ (move what they need to tests/support):\n" + "\n".join(found)
+
+
+def test_the_readme_reads_in_two_minutes():
+    """The README stays short (what, install, the one line, the report, three
+    speed rows, where the rest is); details belong in docs/."""
+    lines = (TESTS.parent / "README.md").read_text().splitlines()
+    assert len(lines) <= 130, f"README.md has {len(lines)} lines"
