@@ -36,6 +36,7 @@ import subprocess
 import sys
 import textwrap
 import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -536,3 +537,30 @@ def test_spawn_pool(tmp_path):
 def test_ray_executor(tmp_path):
     pytest.importorskip("ray")
     check_pool_run(run_trainer(tmp_path, ["stock", "installed+gc"], "--executor", "ray:2"))
+
+
+class _SentBy:
+    """An entry as a driver of another version pickles it: its settings with
+    a field this version lacks, or without one it needs."""
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    def __reduce__(self):
+        return _workers._reduce_by_source(_workers._ENTRY_CALL, _workers._LOAD_ENTRY, settings=self.settings, receive=_workers._RECEIVE)
+
+
+def test_an_entry_from_a_driver_of_another_version_never_breaks_the_unpickling():
+    # Unpickled in the pool's own worker loop, where an exception breaks the
+    # pool for every later task: each one must load, every time.
+    plain = _workers._plain(_workers.Settings(("data",), False, driver=("another-host", 1, "x")))
+    newer = pickle.dumps(_SentBy({**plain, "added_by_a_newer_driver": 1}))
+    for _ in range(2):
+        entry = pickle.loads(newer)
+        assert isinstance(entry, _workers._WorkerEntry) and entry.settings.options == ("data",)
+    older = pickle.dumps(_SentBy({k: v for k, v in plain.items() if k != "options"}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        entries = [pickle.loads(older) for _ in range(2)]
+    assert all(isinstance(e, _workers._WorkerEntry) and e.settings is None for e in entries)
+    assert len([w for w in caught if "not readable here" in str(w.message)]) <= 1

@@ -593,10 +593,11 @@ class StepCollector:
         if phase != "stop" or self._own_collect or self._depth == 0 or self._guard_armed:
             return
         self.stats.young_collections += 1
-        if self._over_bound() and self._loop is not None:
+        loop = self._loop  # read once: another thread's step end may clear it
+        if self._over_bound() and loop is not None:
             self._guard_armed = True
             try:
-                self._loop.call_soon_threadsafe(self._guard_collect)
+                loop.call_soon_threadsafe(self._guard_collect)
             except RuntimeError:  # the loop is closed
                 self._guard_armed = False
 

@@ -219,8 +219,8 @@ def _reduce_by_source(call: str, source: str, **names: Any) -> tuple[Any, tuple[
 # (once per process: the state lives on the cookbook's module).
 _LOAD_ENTRY = """
 try:
-    from tinker_rl_data.cookbook.workers import Settings, _WorkerEntry
-    out = _WorkerEntry(None if settings is None else Settings(**settings))
+    from tinker_rl_data.cookbook.workers import _entry
+    out = _entry(settings)
 except Exception as exc:
     import os, socket, warnings
     from tinker_cookbook.rl import rollouts
@@ -266,8 +266,37 @@ out = _received(worker, how, summary, counters, delta, result)
 """
 
 
-_ENTRY_CALL = "_WorkerEntry(None if settings is None else here.Settings(**settings))"
+_ENTRY_CALL = "_entry(settings)"
 _RECEIVE_CALL = "_received(worker, how, summary, counters, delta, result)"
+
+
+_unreadable_warned = False
+
+
+def _entry(settings: dict[str, Any] | None) -> _WorkerEntry:
+    """What a task's entry unpickles to where this module loads; never
+    raises (it runs inside the pool's own worker loop). A driver of another
+    version may send fields this one lacks (dropped) or lack some this one
+    needs: then the cookbook's rollout runs as it is, with one warning."""
+    global _unreadable_warned
+    if settings is None:
+        return _WorkerEntry(None)
+    try:
+        known = {f.name for f in dataclasses.fields(Settings)}
+        return _WorkerEntry(Settings(**{k: v for k, v in settings.items() if k in known}))
+    except Exception as exc:
+        if not _unreadable_warned:
+            _unreadable_warned = True
+            try:  # (under -W error a warning raises)
+                warnings.warn(
+                    f"tinker_rl_data: rollout worker {os.getpid()}: the driver's settings are not readable here "
+                    f"({type(exc).__name__}: {exc}): the cookbook's rollout runs as it is",
+                    InstallWarning,
+                    stacklevel=2,
+                )
+            except Exception:
+                pass
+        return _WorkerEntry(None)
 
 
 def _plain(settings: Settings | None) -> dict[str, Any] | None:

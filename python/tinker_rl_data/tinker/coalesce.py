@@ -61,6 +61,7 @@ checks the installed tinker still has what the wrapper relies on.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import functools
 import inspect
@@ -91,6 +92,9 @@ _OPTIONS = (
 )
 
 _counts_lock = threading.Lock()
+# Guards every `pending` dict's read-join-insert (the loop's thread) against
+# a batch leaving it from the thread a blocked caller started.
+_pending_lock = threading.Lock()
 _counts = {"merged_requests": 0, "merged_calls": 0, "split_requests": 0, "split_calls": 0}
 
 
@@ -172,14 +176,15 @@ def make_sample(original: Callable[..., Any], max_merge: int = MAX_MERGE) -> Cal
                 prompt_logprobs_last_n,
             )
         slot = (id(self), id(loop), key)
-        batch = pending.get(slot)
-        caller = batch.join(max_merge) if batch is not None else None
-        if caller is None:
-            batch = _Batch(original, pending, slot, self, prompt, sampling_params)
-            caller = batch.join(max_merge)
-            assert caller is not None  # a new batch takes one caller at least
-            pending[slot] = batch
-            loop.call_soon(_Turn(batch))
+        with _pending_lock:  # (a batch may be sent, and leave, from another thread)
+            batch = pending.get(slot)
+            caller = batch.join(max_merge) if batch is not None else None
+            if caller is None:
+                batch = _Batch(original, pending, slot, self, prompt, sampling_params)
+                caller = batch.join(max_merge)
+                assert caller is not None  # a new batch takes one caller at least
+                pending[slot] = batch
+                loop.call_soon(_Turn(batch))
         returned = _AwaitableFutureCompatWrapper(caller)
         # Still a concurrent Future (tinker's back-compat), so it can be waited on too.
         returned._waiters = _Waiters(caller._batch)  # type: ignore[attr-defined]
@@ -283,6 +288,7 @@ class _Batch:
         # blocking wait holds its futures' locks when it sends the batch.
         self.lock = threading.Lock()
         self.request: Future | None = None
+        self.context = contextvars.copy_context()
 
     def join(self, max_merge: int) -> _Caller | None:
         """A new caller of this batch; None once it is sent or full."""
@@ -298,7 +304,11 @@ class _Batch:
             if self.sent or self.sending:
                 return
             self.sending = True
-        threading.Thread(target=self.send, name="tinker_rl_data coalesce send", daemon=True).start()
+        # In the first caller's context, as the loop's turn would send it
+        # (tinker reads its sdk-method header from a context variable).
+        threading.Thread(
+            target=self.context.run, args=(self.send,), name="tinker_rl_data coalesce send", daemon=True
+        ).start()
 
     def send(self) -> None:
         with self.lock:
@@ -307,8 +317,9 @@ class _Batch:
             self.sent = True
             joined = list(self.callers)
         callers = [c for c in joined if not c.cancelled()]
-        if self.pending.get(self.slot) is self:
-            self.pending.pop(self.slot, None)
+        with _pending_lock:
+            if self.pending.get(self.slot) is self:
+                del self.pending[self.slot]
         if not callers:
             return
         try:

@@ -708,8 +708,11 @@ async def _probe(original: Callable[..., Any], ours: Callable[..., Any]) -> None
                     got: Any = ("ok", _comparable(await call(client)))
                 except Exception as exc:
                     got = ("raised", _comparable_error(exc))
-                seen.append((got, [_comparable_request(r) for r in recorder.requests]))
-            (theirs, their_requests), (mine, my_requests) = seen
+                keys = {v for _, _, headers, _ in recorder.requests for n, v in headers if n.lower() == "x-idempotency-key"}
+                seen.append((got, [_comparable_request(r) for r in recorder.requests], len(keys)))
+            (theirs, their_requests, their_keys), (mine, my_requests, my_keys) = seen
+            # One call's attempts share one key (tinker's retries are idempotent).
+            check(my_keys == their_keys, f"{name}: ours sent {my_keys} idempotency key(s), tinker's {their_keys}")
             check(bool(their_requests), f"{name}: tinker's post sent nothing (probe out of date)")
             check(_sent[0] > before, f"{name}: ours left the call to tinker's post")
             check(
