@@ -371,6 +371,18 @@ async def _send(
     transport = lane.adapter._transport
     loop = asyncio.get_running_loop()
     input_options = None
+
+    async def processed(full: Any, retries_taken: int) -> Any:
+        """tinker's own reading of a response (raw, a cookie, an encoding)."""
+        return await client._process_response(
+            cast_to=cast_to,
+            options=_request_options(path, body, options, idempotency),
+            response=full,
+            stream=False,
+            stream_cls=None,
+            retries_taken=retries_taken,
+        )
+
     for retries_taken in range(max_retries + 1):
         remaining = max_retries - retries_taken
         values[_RETRY] = str(retries_taken)
@@ -411,27 +423,13 @@ async def _send(
                 if parsed is not _UNPARSED:
                     return parsed
             full = _httpx_response(client, template, values, content, response, data, start)
-            return await client._process_response(
-                cast_to=cast_to,
-                options=_request_options(path, body, options, idempotency),
-                response=full,
-                stream=False,
-                stream_cls=None,
-                retries_taken=retries_taken,
-            )
+            return await processed(full, retries_taken)
         full = _httpx_response(client, template, values, content, response, data, start)
         if full.is_success:  # it set a cookie or is encoded: as tinker reads it
             from tinker._base_client import _log_deprecation_note
 
             _log_deprecation_note(full)
-            return await client._process_response(
-                cast_to=cast_to,
-                options=_request_options(path, body, options, idempotency),
-                response=full,
-                stream=False,
-                stream_cls=None,
-                retries_taken=retries_taken,
-            )
+            return await processed(full, retries_taken)
         if remaining > 0 and client._should_retry(full):
             input_options = input_options or _request_options(path, body, options, idempotency)
             await client._sleep_for_retry(
