@@ -202,7 +202,10 @@ while True:
     # batch's list repeats them; no new rollouts are made).
     groups, advantages = groups * 2, advantages * 2
 
+fired = []
+
 def on_alarm(signum, frame):
+    fired.append(time.perf_counter())
     raise KeyboardInterrupt
 
 signal.signal(signal.SIGALRM, on_alarm)
@@ -211,23 +214,37 @@ if not GC_ENABLED:
     gc.disable()
 
 def interrupted_call():
-    result = None
+    # -> (latency or None, outcome, gc enabled). The outcome is "interrupted"
+    # (the signal raised inside the call), "ended first" (the call returned
+    # before the signal: a timing miss on a loaded machine, not a defect) or
+    # "swallowed" (the signal came during the call, and the call returned
+    # anyway or nothing was raised: the defect this test is about).
+    fired.clear()
+    result, raised, returned_at, end = None, False, None, None
     delay = max(0.2 * duration, 0.01)
     start = time.perf_counter()
-    signal.setitimer(signal.ITIMER_REAL, delay)
     try:
-        result = trd.assemble_training_data(groups, advantages)
-        end = None
+        signal.setitimer(signal.ITIMER_REAL, delay)
+        try:
+            result = trd.assemble_training_data(groups, advantages)
+            returned_at = time.perf_counter()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
     except KeyboardInterrupt:
-        end = time.perf_counter()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    return (None if end is None else end - (start + delay)), result is not None, gc.isenabled()
+        raised, end = True, time.perf_counter()
+    if result is None and raised:
+        outcome = "interrupted"
+    elif result is not None and (not fired or returned_at is None or fired[0] >= returned_at):
+        outcome = "ended first"
+    else:
+        outcome = "swallowed"
+    result = None
+    return (None if end is None else end - (start + delay)), outcome, gc.isenabled()
 
-latencies, returned, gc_states = [], [], []
+latencies, outcomes, gc_states = [], [], []
 for _ in range(3):
-    latency, got, enabled = interrupted_call()
-    latencies.append(latency); returned.append(got); gc_states.append(enabled)
+    latency, outcome, enabled = interrupted_call()
+    latencies.append(latency); outcomes.append(outcome); gc_states.append(enabled)
 
 # Repeated interrupts leave nothing behind. RSS is read after each of
 # several calls past the warm-up above (the process maps memory the first
@@ -244,8 +261,8 @@ def leaky_call():
 
 rss = []
 for _ in range(RSS_CALLS):
-    latency, got, enabled = leaky_call()
-    returned.append(got); gc_states.append(enabled)
+    latency, outcome, enabled = leaky_call()
+    outcomes.append(outcome); gc_states.append(enabled)
     gc.collect()
     rss.append(rss_kib())
 rss_growth = rss[-1] - rss[1]
@@ -254,12 +271,12 @@ interrupted_call()
 gc.collect()
 traced_before = tracemalloc.get_traced_memory()[0]
 for _ in range(4):
-    latency, got, enabled = interrupted_call()
-    returned.append(got); gc_states.append(enabled)
+    latency, outcome, enabled = interrupted_call()
+    outcomes.append(outcome); gc_states.append(enabled)
 gc.collect()
 traced_growth = tracemalloc.get_traced_memory()[0] - traced_before
 tracemalloc.stop()
-print(json.dumps({{"duration": duration, "latencies": latencies, "returned": returned, "gc_states": gc_states,
+print(json.dumps({{"duration": duration, "latencies": latencies, "outcomes": outcomes, "gc_states": gc_states,
                    "unchanged": fingerprint(groups, advantages) == before, "traced_growth": traced_growth,
                    "rss_kib": rss, "rss_growth_kib": rss_growth}}))
 """
@@ -277,10 +294,16 @@ def test_an_interrupt_during_a_large_call_arrives_promptly_and_leaves_no_trace(g
     if out["duration"] < 0.25:
         pytest.skip(f"the large call took {out['duration']:.3f} s: too short to tell a prompt interrupt from the call's end")
     allowed = max(0.1, 0.1 * out["duration"])
-    assert all(lat is not None for lat in out["latencies"]), f"a call ran to its end despite the signal: {out}"
-    # The best of 3 (the machine is shared): raised within 0.1 s (or 10% of the call) of the signal.
-    assert min(out["latencies"]) <= allowed, f"interrupt latency {out['latencies']} s for a {out['duration']:.2f} s call"
-    assert not any(out["returned"]), out
+    outcomes = out["outcomes"]
+    assert "swallowed" not in outcomes, f"a call returned or raised nothing despite the signal: {out}"
+    # The machine is shared: a later call may run faster than the one timed
+    # above and end before its signal. Most must still be interrupted (the
+    # leak checks below are about interrupted calls).
+    assert outcomes.count("interrupted") >= len(outcomes) - 2, out
+    measured = [lat for lat in out["latencies"] if lat is not None]
+    assert measured, f"none of the first 3 calls was interrupted: {out}"
+    # The best of 3: raised within 0.1 s (or 10% of the call) of the signal.
+    assert min(measured) <= allowed, f"interrupt latency {out['latencies']} s for a {out['duration']:.2f} s call"
     assert out["unchanged"], "an interrupted call changed its inputs"
     assert out["gc_states"] == [gc_enabled] * len(out["gc_states"]), out
     assert out["traced_growth"] < 256 * 1024, out
