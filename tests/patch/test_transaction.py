@@ -49,6 +49,7 @@ _WIRE = [
     ("forward_backward request bytes", "tinker.resources.training", "forward_backward_request_to_proto", "wire"),
     ("sample request bytes", "tinker.resources.sampling", "model_dump", "wire"),
     ("step requests sent lean", "tinker._base_client", "AsyncAPIClient.post", "transport"),
+    ("future polls sent lean", "tinker.lib.api_future_impl", "_APIFuture._fetch_via_rest", "transport"),
 ]
 _DATA = [
     (name, _RL + "data_processing", name, "data")

@@ -11,7 +11,8 @@
   that answers nothing leaves, once the callers are cancelled, no task on
   tinker's loop and no thread behind.
 - With coalesced sampling on too, merged requests go out lean.
-- The install probe fails for a post that sends another request.
+- The install probes fail for a post, or a future poll, that sends another
+  request or reads an answer otherwise.
 """
 
 from __future__ import annotations
@@ -215,6 +216,24 @@ def test_the_probe_refuses_a_post_that_differs_from_tinkers(monkeypatch):
             transport.probe_post(original, transport.make_post(original))
 
 
+def test_the_probe_refuses_a_future_poll_that_differs_from_tinkers(monkeypatch):
+    from tinker.lib.api_future_impl import _APIFuture
+
+    from tinker_rl_data.errors import ProbeFailed
+    from tinker_rl_data.tinker import transport
+
+    original = _APIFuture._fetch_via_rest
+    transport.probe_fetch(original, transport.make_fetch(original))  # passes as made
+    with monkeypatch.context() as m:  # the poll sent to another path
+        m.setattr(transport, "_RETRIEVE_PATH", "/api/v1/retrieve_futures")
+        with pytest.raises(ProbeFailed, match="requests differ"):
+            transport.probe_fetch(original, transport.make_fetch(original))
+    with monkeypatch.context() as m:  # a protobuf answer read as JSON
+        m.setattr(transport._Answer, "content_type", lambda self: "application/json")
+        with pytest.raises(ProbeFailed, match="the loop gets"):
+            transport.probe_fetch(original, transport.make_fetch(original))
+
+
 # --------------------------------------------------------------------------
 # Child processes: one variant each
 
@@ -233,7 +252,8 @@ def child(variant: str, record: str, out: str) -> None:
     coalescing = False
     if variant != "stock":
         report = tinker_rl_data.cookbook.install(gc=False, coalesce=variant == "coalesced")
-        assert any(title == transport.PIECES[0].title for title, _ in report.installed), report
+        installed = {title for title, _ in report.installed}
+        assert {piece.title for piece in transport.PIECES} <= installed, report
         coalescing = any(title == coalesce.PIECES[0].title for title, _ in report.installed)
     prompt = types.ModelInput.from_ints(list(range(1, 40)))
     params = types.SamplingParams(max_tokens=8, temperature=1.0)

@@ -48,6 +48,7 @@ instead of sending, and compares the requests and what the callers get
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -67,7 +68,7 @@ from .. import switches
 from ..patch.feature import Feature
 from ..patch.piece import Piece, check
 
-__all__ = ["PATHS", "PIECES", "make_post", "probe_post"]
+__all__ = ["PATHS", "PIECES", "make_fetch", "make_post", "probe_fetch", "probe_post"]
 
 #: The paths sent lean; every other request goes to tinker's ``post``.
 PATHS = frozenset({"/api/v1/asample", "/api/v1/retrieve_future", "/api/v1/forward_backward", "/api/v1/optim_step"})
@@ -294,7 +295,6 @@ async def _capture_template(client: Any, path: str, names: tuple[str, ...], opti
 def make_post(original: Callable[..., Any]) -> Callable[..., Any]:
     """``AsyncAPIClient.post`` with the requests of :data:`PATHS` sent lean
     (see the module's docstring); every other call is ``original``'s."""
-    lanes: weakref.WeakKeyDictionary[Any, _Lane | None] = weakref.WeakKeyDictionary()
     state = {"active": True}
 
     @functools.wraps(original)
@@ -319,20 +319,9 @@ def make_post(original: Callable[..., Any]) -> Callable[..., Any]:
             and type(body) in (bytes, dict)
             and asyncio._get_running_loop() is not None
         ):
-            try:
-                lane = lanes[self]
-            except KeyError:
-                lane = lanes[self] = _Lane.open(self)
-            if lane is not None and lane.ready(self, options):
-                if self._platform is None:  # as tinker's request: its blocking IO off the loop
-                    from tinker._base_client import get_platform
-                    from tinker._utils import asyncify
-
-                    self._platform = await asyncify(get_platform)()
-                headers = options.get("headers") or {}
-                template = await lane.template(self, path, tuple(headers), options)
-                if template is not None:
-                    return await _send(self, lane, template, path, cast_to, body, options, headers)
+            route = await _route(self, path, options)
+            if route is not None:
+                return await _send(self, *route, path, cast_to, body, options)
         return await original(
             self,
             path,
@@ -346,7 +335,33 @@ def make_post(original: Callable[..., Any]) -> Callable[..., Any]:
         )
 
     _switches.append(state)
+    _made_posts.add(post)
     return post
+
+
+# Each client's lane (None: a client ours does not reproduce).
+_lanes: weakref.WeakKeyDictionary[Any, _Lane | None] = weakref.WeakKeyDictionary()
+# The posts make_post made (the future polls' check that a client's post is
+# tinker's or ours).
+_made_posts: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+async def _route(client: Any, path: str, options: Any) -> tuple[_Lane, _Template] | None:
+    """The lane and template a request of ``client`` goes lean by, or None
+    (tinker's ``post`` sends it)."""
+    try:
+        lane = _lanes[client]
+    except KeyError:
+        lane = _lanes[client] = _Lane.open(client)
+    if lane is None or not lane.ready(client, options):
+        return None
+    if client._platform is None:  # as tinker's request: its blocking IO off the loop
+        from tinker._base_client import get_platform
+        from tinker._utils import asyncify
+
+        client._platform = await asyncify(get_platform)()
+    template = await lane.template(client, path, tuple(options.get("headers") or ()), options)
+    return None if template is None else (lane, template)
 
 
 def _httpx_json(data: Any) -> bytes:
@@ -355,15 +370,27 @@ def _httpx_json(data: Any) -> bytes:
 
 
 async def _send(
-    client: Any, lane: _Lane, template: _Template, path: str, cast_to: Any, body: Any, options: Any, headers: Any
+    client: Any,
+    lane: _Lane,
+    template: _Template,
+    path: str,
+    cast_to: Any,
+    body: Any,
+    options: Any,
+    *,
+    answer_only: bool = False,
 ) -> Any:
-    """``AsyncAPIClient.request``'s loop for one POST, over the template."""
+    """``AsyncAPIClient.request``'s loop for one POST, over the template.
+    With ``answer_only``, a raw request's plain 2xx answer (no cookie, no
+    encoding) comes back as an :class:`_Answer` (the future polls read no
+    more of it), else as tinker's ``AsyncAPIResponse``."""
     import httpx
     from httpx._client import ClientState
     from pyqwest import Headers, Request
     from tinker import _exceptions
 
     _sent[0] += 1
+    headers = options.get("headers") or {}
     content = body if type(body) is bytes else _httpx_json(body)
     idempotency = _idempotency_key() if lane.own_keys else client._idempotency_key()
     values = [idempotency, "", str(len(content)), *headers.values()]
@@ -418,6 +445,8 @@ async def _send(
             if "x-deprecation-note" in answer:
                 _deprecation_note(client, template, values, content, response, data, start)
             raw = headers and any(n.lower() == _RAW_HEADER and v for n, v in headers.items())
+            if raw and answer_only:
+                return _Answer(answer, data)
             if not raw:
                 parsed = _parse(client, cast_to, answer, data)
                 if parsed is not _UNPARSED:
@@ -551,6 +580,146 @@ def _as_httpx_error(exc: Exception, request: Any) -> Exception:
         return exc
     error.__cause__ = exc
     return error
+
+
+# --------------------------------------------------------------------------
+# The future polls
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """A future poll's plain 2xx answer: pyqwest's headers and the body."""
+
+    headers: Any
+    data: bytes
+
+    def content_type(self) -> str:
+        """What httpx's ``Headers.get("content-type", "")`` reads: every
+        value of the name, joined."""
+        return ", ".join(self.headers.getall("content-type"))
+
+
+_RETRIEVE_PATH = "/api/v1/retrieve_future"
+
+
+def make_fetch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``_APIFuture._fetch_via_rest`` with its ``retrieve_future`` request
+    sent lean: the request tinker's ``client.futures.with_raw_response.retrieve``
+    sends (its headers, the raw-response header, the timeout of 45 s, no
+    retries, the body its ``model_dump`` makes), from the same pool client,
+    through :func:`_send`, and its answer read as tinker's code reads it
+    (protobuf bytes; else the JSON, parsed by ``orjson`` as tinker's response,
+    then try_again / complete_metadata / error / result), without making the
+    httpx request and response and tinker's response object. A client ours
+    does not reproduce (see the module's docstring), a post or retrieve not
+    tinker's or ours, and an answer that sets a cookie or is encoded go
+    through tinker's own call."""
+    import tinker
+    from tinker._constants import RAW_RESPONSE_HEADER
+    from tinker._response import orjson
+    from tinker.lib import api_future_impl as impl
+    from tinker.lib.client_connection_pool_type import ClientConnectionPoolType
+    from tinker.resources.futures import AsyncFuturesResource
+    from tinker.types.future_retrieve_request import FutureRetrieveRequest
+    from tinker.types.future_retrieve_response import FutureRetrieveResponse
+
+    pool = ClientConnectionPoolType.RETRIEVE_PROMISE
+    retrieve = AsyncFuturesResource.retrieve
+    loads = orjson.loads
+    state = {"active": True}
+
+    @functools.wraps(original)
+    async def _fetch_via_rest(self: Any, loop_state: Any, iteration: int) -> Any:
+        if not state["active"]:
+            return await original(self, loop_state, iteration)
+        headers = {
+            "X-Tinker-Request-Iteration": str(iteration),
+            "X-Tinker-Request-Type": self.request_type,
+        }
+        if self.model_cls in impl.PROTO_SUPPORTED_TYPES:
+            headers["Accept"] = "application/x-protobuf"
+        if iteration == 0:
+            headers["X-Tinker-Create-Promise-Roundtrip-Time"] = str(self.request_queue_roundtrip_time)
+
+        try:
+            with self.holder.aclient(pool) as client:
+                request_id, allow = self.request_id, loop_state.allow_metadata_only
+                route = None
+                if type(request_id) is str and type(allow) is bool and _tinkers_retrieve(client, retrieve):
+                    # What async_to_raw_response_wrapper adds, last.
+                    options = {"headers": {**headers, RAW_RESPONSE_HEADER: "raw"}, "timeout": 45, "max_retries": 0}
+                    route = await _route(client, _RETRIEVE_PATH, options)
+                if route is not None:
+                    body = {"request_id": request_id, "allow_metadata_only": allow}
+                    response = await _send(
+                        client, *route, _RETRIEVE_PATH, FutureRetrieveResponse, body, options, answer_only=True
+                    )
+                else:
+                    response = await client.futures.with_raw_response.retrieve(
+                        request=FutureRetrieveRequest(request_id=request_id, allow_metadata_only=allow),
+                        timeout=45,
+                        extra_headers=headers,
+                        max_retries=0,
+                    )
+        except tinker.APIStatusError as e:
+            return impl._rest_status_error_to_transport_error(e)
+        except tinker.APIConnectionError as e:
+            return impl._TransportError(
+                kind=impl._TransportErrorKind.RETRY_WITH_BACKOFF,
+                status_code=0,
+                detail=str(e),
+                exception=e,
+                event_name="connection_error",
+            )
+
+        if type(response) is _Answer:
+            if "application/x-protobuf" in response.content_type():
+                return impl._SuccessProto(proto_bytes=response.data)
+            result_dict: Any = loads(response.data)
+        else:
+            if "application/x-protobuf" in response.headers.get("content-type", ""):
+                return impl._SuccessProto(proto_bytes=response.http_response.content)
+            result_dict = await response.json()
+
+        # From here as tinker's.
+        if result_dict.get("type") == "try_again":
+            impl.logger.warning(f"Retrying request {self.request_id=} because of try_again")
+            qs_str = result_dict.get("queue_state") or ""
+            return impl._TryAgain(
+                queue_state=impl._rest_queue_state_to_enum(qs_str),
+                queue_state_reason=result_dict.get("queue_state_reason"),
+            )
+        if result_dict.get("status") == "complete_metadata":
+            return impl._MetadataOnly(payload_size=result_dict.get("response_payload_size") or 0)
+        if "error" in result_dict:
+            error_category = impl.RequestErrorCategory.Unknown
+            with contextlib.suppress(Exception):
+                error_category = impl.RequestErrorCategory(result_dict.get("category"))
+            return impl._Failed(error_message=result_dict["error"], error_category=error_category)
+        return impl._SuccessJson(result_dict=result_dict)
+
+    _switches.append(state)
+    return _fetch_via_rest
+
+
+# Whether a client class's post is tinker's own or ours (by function).
+_own_posts: dict[Any, bool] = {}
+
+
+def _tinkers_retrieve(client: Any, retrieve: Any) -> bool:
+    """Whether tinker's raw retrieve on ``client`` would reach tinker's
+    resource method and tinker's (or our) post: else a user's or a fork's
+    code stands between, and tinker's call runs it."""
+    post = type(client).post
+    try:
+        own = _own_posts[post]
+    except KeyError:
+        inner = post.__wrapped__ if post in _made_posts else post
+        own = _own_posts[post] = (
+            getattr(inner, "__module__", None) == "tinker._base_client"
+            and getattr(inner, "__qualname__", None) == "AsyncAPIClient.post"
+        )
+    return own and "post" not in vars(client) and type(client.futures).retrieve is retrieve
 
 
 def undo_post() -> None:
@@ -723,6 +892,124 @@ async def _probe(original: Callable[..., Any], ours: Callable[..., Any]) -> None
             await client.close()
 
 
+def probe_fetch(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    """Raises ProbeFailed unless tinker's ``_APIFuture._fetch_via_rest`` and
+    ours, each polling through a client whose transport records instead of
+    sending, send the same requests, log the same lines and return (or
+    raise) the same outcome for each answer a poll gets: a protobuf result,
+    a JSON result, try_again, complete_metadata, a failed request, 408,
+    410, 429, 500, an empty 400, 403, a cookie set, a connection error,
+    a timeout, a body that is not JSON."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with warnings.catch_warnings(), ThreadPoolExecutor(1) as pool:
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pool.submit(asyncio.run, _probe_fetch(original, ours)).result()
+
+
+class _Captured(logging.Filter):
+    """Keeps, and drops, one thread's records of a logger."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+        self.lines: list[tuple[str, str]] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.thread != self.thread:
+            return True
+        self.lines.append((record.levelname, record.getMessage()))
+        return False
+
+
+def _fetch_cases() -> list[tuple[str, Any, int, bool, list[Any]]]:
+    """(name, the future's result type, iteration, metadata allowed, the
+    transport's answers)."""
+    from tinker import types
+
+    proto = [("content-type", "application/x-protobuf")]
+    json_ = [("content-type", "application/json")]
+    sample = types.SampleResponse
+    return [
+        ("a protobuf result", sample, 0, True, [(200, proto, b"\x0a\x00")]),
+        ("a JSON result", types.OptimStepResponse, 1, False, [(200, json_, b'{"metrics": {"a": 1.5}}')]),
+        ("try_again", sample, 2, True, [(200, json_, b'{"type": "try_again", "queue_state": "paused_capacity"}')]),
+        ("complete_metadata", sample, 0, True, [(200, json_, b'{"status": "complete_metadata", "response_payload_size": 7}')]),
+        ("a failed request", sample, 1, False, [(200, json_, b'{"error": "bad", "category": "user"}')]),
+        ("a 408", sample, 3, True, [(408, json_, b'{"queue_state": "active"}')]),
+        ("a 410", sample, 0, True, [(410, json_, b'{"error": "gone"}')]),
+        ("a 429", sample, 0, True, [(429, json_, b"{}")]),
+        ("a 500", sample, 0, True, [(500, json_, b'{"error": "x"}')]),
+        ("an empty 400", sample, 0, True, [(400, [("content-length", "0")], b"")]),
+        ("a 403", sample, 0, True, [(403, json_, b'{"detail": "no"}')]),
+        ("a cookie set", sample, 0, True, [(200, [*json_, ("set-cookie", "a=b")], b'{"type": "try_again"}')]),
+        ("a connection error", sample, 0, True, [ConnectionError("refused")]),
+        ("a timeout", sample, 0, True, [TimeoutError("timed out")]),
+        ("a body that is not JSON", sample, 0, True, [(200, json_, b"<html>")]),
+    ]
+
+
+async def _probe_fetch(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    from pyqwest.httpx import AsyncPyqwestTransport
+    from tinker import types
+    from tinker._base_client import get_platform
+    from tinker._client import AsyncTinker
+    from tinker.lib import api_future_impl as impl
+
+    platform = get_platform()
+    captured = _Captured()
+    impl.logger.addFilter(captured)
+    try:
+        for name, model_cls, iteration, allow, script in _fetch_cases():
+            seen = []
+            before = _sent[0]
+            for fetch in (original, ours):
+                client = AsyncTinker(api_key="tml-probe-key", base_url="http://probe.invalid:8000")
+                client._platform = platform
+                recorder = _Recorder(script)
+                client._client._transport = AsyncPyqwestTransport(recorder)  # type: ignore[arg-type]
+                future: Any = object.__new__(impl._APIFuture)
+                future.model_cls = model_cls
+                future.holder = pytypes.SimpleNamespace(aclient=lambda kind, client=client: contextlib.nullcontext(client))
+                future.untyped_future = types.UntypedAPIFuture(request_id="r-9")
+                future.request_type = "Sample"
+                future.request_queue_roundtrip_time = 0.125
+                loop_state = impl._LoopState(allow_metadata_only=allow)
+                del captured.lines[:]
+                try:
+                    got: Any = ("ok", _comparable_outcome(await fetch(future, loop_state, iteration)))
+                except Exception as exc:
+                    got = ("raised", _comparable_error(exc))
+                finally:
+                    await client.close()
+                seen.append((got, [_comparable_request(r) for r in recorder.requests], list(captured.lines)))
+            (theirs, their_requests, their_lines), (mine, my_requests, my_lines) = seen
+            check(bool(their_requests), f"{name}: tinker's poll sent nothing (probe out of date)")
+            check(_sent[0] > before, f"{name}: ours left the poll to tinker's call")
+            check(my_requests == their_requests, f"{name}: our requests differ from tinker's: {my_requests} vs {their_requests}")
+            check(mine == theirs, f"{name}: the loop gets {mine} from ours, {theirs} from tinker's")
+            check(my_lines == their_lines, f"{name}: ours logs {my_lines}, tinker's {their_lines}")
+    finally:
+        impl.logger.removeFilter(captured)
+
+
+def _comparable_outcome(outcome: Any) -> Any:
+    """An outcome dataclass as a value: its class and fields, an exception
+    field as what callers read of it."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(outcome):
+        return outcome
+    def comparable(value: Any) -> Any:
+        if isinstance(value, BaseException):
+            return _comparable_error(value)
+        if isinstance(value, dict):  # headers: the key's random part aside
+            return {k: v[:23] if k.lower() == "x-idempotency-key" else v for k, v in value.items()}
+        return value
+
+    return type(outcome), {f.name: comparable(getattr(outcome, f.name)) for f in dataclasses.fields(outcome)}
+
+
 def _comparable_request(request: tuple[str, str, list[tuple[str, str]], bytes]) -> Any:
     """A request but its idempotency key's random part."""
     method, url, headers, content = request
@@ -765,6 +1052,16 @@ PIECES = (
         spread=False,
         undo=undo_post,
         label="step requests sent lean",
+    ),
+    Piece(
+        "tinker.lib.api_future_impl",
+        "_APIFuture._fetch_via_rest",
+        "transport",
+        make_fetch,
+        probe_fetch,
+        spread=False,
+        undo=undo_post,
+        label="future polls sent lean",
     ),
 )
 
