@@ -9,7 +9,8 @@ training step sends (:data:`PATHS`: ``asample``, ``retrieve_future``,
 ``forward_backward``, ``optim_step``; ``compute_logprobs`` is an ``asample``)
 the replacement of ``post`` sends the same request, through the same
 ``pyqwest`` transport object the client's httpx client holds (its TLS,
-HTTP/2, pool and timeouts), with the rest made once:
+HTTP/2, pool and timeouts; the answer read whole by pyqwest's buffering
+client over it, one await), with the rest made once:
 
 - a *template* per client and request shape (path, the names of the extra
   headers, the timeout, the SDK method attributed): the request tinker builds
@@ -105,6 +106,19 @@ class _Lane:
         self.base_url = client._base_url
         self.own_keys = type(client)._idempotency_key is _base_idempotency_key()
         self.templates: dict[tuple[Any, ...], _Template | None] = {}
+        self._buffered: tuple[Any, Any] = (None, None)
+
+    def buffered(self, transport: Any) -> Any:
+        """pyqwest's buffering client over ``transport`` (the adapter's
+        pyqwest transport): one await for the whole answer, read in pyqwest's
+        native code."""
+        held, client = self._buffered
+        if held is not transport:
+            from pyqwest._pyqwest import Client
+
+            client = Client(transport=transport)
+            self._buffered = (transport, client)
+        return client
 
     @classmethod
     def open(cls, client: Any) -> _Lane | None:
@@ -386,7 +400,7 @@ async def _send(
     more of it), else as tinker's ``AsyncAPIResponse``."""
     import httpx
     from httpx._client import ClientState
-    from pyqwest import Headers, Request
+    from pyqwest import Headers
     from tinker import _exceptions
 
     _sent[0] += 1
@@ -395,7 +409,7 @@ async def _send(
     idempotency = _idempotency_key() if lane.own_keys else client._idempotency_key()
     values = [idempotency, "", str(len(content)), *headers.values()]
     max_retries = options.get("max_retries", client.max_retries)
-    transport = lane.adapter._transport
+    buffered = lane.buffered(lane.adapter._transport)
     loop = asyncio.get_running_loop()
     input_options = None
 
@@ -417,15 +431,9 @@ async def _send(
         start = time.perf_counter()
         deadline = None if template.timeout is None else loop.time() + template.timeout
         try:
-            request = Request(
-                template.method,
-                template.url,
-                headers=Headers([(n, v if m < 0 else values[m]) for n, v, m in template.headers]),
-                content=content,
-            )
+            request_headers = Headers([(n, v if m < 0 else values[m]) for n, v, m in template.headers])
             async with asyncio.timeout_at(deadline):
-                response = await transport.execute(request)
-                chunks = [bytes(chunk) async for chunk in response.content]
+                response = await buffered.execute(template.method, template.url, request_headers, content)
         except Exception as exc:
             sent = _httpx_request(client, template, values, content)
             error = _as_httpx_error(exc, sent)
@@ -440,7 +448,7 @@ async def _send(
             raise _exceptions.APIConnectionError(request=sent) from error
         status = response.status
         answer = response.headers
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        data = response.content
         if 200 <= status < 300 and "set-cookie" not in answer and "content-encoding" not in answer:
             if "x-deprecation-note" in answer:
                 _deprecation_note(client, template, values, content, response, data, start)
