@@ -180,6 +180,43 @@ def test_a_response_cut_short_is_retried_as_tinker_retries_it(variant, monkeypat
     assert (transport._sent[0] > sent) == (variant == "ours")
 
 
+@pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20")  # tinker's own
+@pytest.mark.parametrize("change", ["default header", "default query"])
+def test_a_client_default_changed_after_its_first_request_is_sent_as_tinker_sends_it(change, monkeypatch):
+    # tinker builds each request from the client's defaults as they are
+    # then; ours made its template at the first request.
+    from pyqwest.httpx import AsyncPyqwestTransport
+    from tinker._base_client import AsyncAPIClient
+    from tinker._client import AsyncTinker
+
+    from tinker_rl_data.tinker import transport
+
+    answer = (200, [("content-type", "application/json")], b'{"request_id": "r-1"}')
+
+    async def main(post):
+        monkeypatch.setattr(AsyncAPIClient, "post", post)
+        recorder = transport._Recorder([answer, answer])
+        client = AsyncTinker(api_key="tml-test-key", base_url="http://127.0.0.1:9")
+        client._client._transport = AsyncPyqwestTransport(recorder)
+        try:
+            await _asample(client)
+            if change == "default header":
+                client._custom_headers["X-Added-Later"] = "1"
+            else:
+                client._custom_query["added"] = "later"
+            await _asample(client)
+        finally:
+            await client.close()
+        return [transport._comparable_request(r) for r in recorder.requests]
+
+    theirs = asyncio.run(main(AsyncAPIClient.post))
+    sent = transport._sent[0]
+    mine = asyncio.run(main(transport.make_post(AsyncAPIClient.post)))
+    assert transport._sent[0] == sent + 2  # both went lean
+    assert theirs[0] != theirs[1]  # the change reached tinker's second request
+    assert mine == theirs
+
+
 def test_cancelled_callers_leave_no_task_or_thread_behind(tmp_path):
     # The service holds every sample's answer for 30 s; the callers are
     # cancelled after a second (as Ctrl-C cancels asyncio.run's task).

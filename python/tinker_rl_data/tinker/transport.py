@@ -104,6 +104,7 @@ class _Lane:
         self.token = token
         self.timeout = client.timeout
         self.base_url = client._base_url
+        self.custom = _custom(client)
         self.own_keys = type(client)._idempotency_key is _base_idempotency_key()
         self.templates: dict[tuple[Any, ...], _Template | None] = {}
         self._buffered: tuple[Any, Any] = (None, None)
@@ -178,8 +179,9 @@ class _Lane:
             and _OPTIONS.issuperset(options)
         ):
             return False
-        if client.timeout is not self.timeout or client._base_url is not self.base_url:
-            self.timeout, self.base_url = client.timeout, client._base_url
+        custom = _custom(client)
+        if client.timeout is not self.timeout or client._base_url is not self.base_url or custom != self.custom:
+            self.timeout, self.base_url, self.custom = client.timeout, client._base_url, custom
             self.templates.clear()
         headers = options.get("headers")
         if headers is not None:
@@ -207,6 +209,12 @@ class _Lane:
 
 
 _UNSET = object()
+
+
+def _custom(client: Any) -> tuple[Any, ...]:
+    """The client's own default headers and query as they are now (a
+    template holds them: one made before a change is dropped)."""
+    return tuple(client._custom_headers.items()), tuple(client._custom_query.items())
 _tinker_log = logging.getLogger("tinker._base_client")
 _httpx_log = logging.getLogger("httpx")
 _RAW_HEADER = "x-stainless-raw-response"
