@@ -143,14 +143,14 @@ class CutShort:
             writer.close()
 
 
-def _asample(client):
+def _asample(client, retries=2):
     from tinker import types
 
     request = types.SampleRequest(
         sampling_session_id="s", seq_id=1, num_samples=1, prompt=types.ModelInput.from_ints([1, 2]),
         sampling_params=types.SamplingParams(max_tokens=2),
     )
-    return client.sampling.asample(request=request, max_retries=2)
+    return client.sampling.asample(request=request, max_retries=retries)
 
 
 @pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20")  # tinker's own
@@ -181,7 +181,7 @@ def test_a_response_cut_short_is_retried_as_tinker_retries_it(variant, monkeypat
 
 
 @pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20")  # tinker's own
-@pytest.mark.parametrize("change", ["default header", "default query"])
+@pytest.mark.parametrize("change", ["default header", "default query", "a default query value changed in place"])
 def test_a_client_default_changed_after_its_first_request_is_sent_as_tinker_sends_it(change, monkeypatch):
     # tinker builds each request from the client's defaults as they are
     # then; ours made its template at the first request.
@@ -196,14 +196,16 @@ def test_a_client_default_changed_after_its_first_request_is_sent_as_tinker_send
     async def main(post):
         monkeypatch.setattr(AsyncAPIClient, "post", post)
         recorder = transport._Recorder([answer, answer])
-        client = AsyncTinker(api_key="tml-test-key", base_url="http://127.0.0.1:9")
+        client = AsyncTinker(api_key="tml-test-key", base_url="http://127.0.0.1:9", default_query={"tags": ["a"]})
         client._client._transport = AsyncPyqwestTransport(recorder)
         try:
             await _asample(client)
             if change == "default header":
                 client._custom_headers["X-Added-Later"] = "1"
-            else:
+            elif change == "default query":
                 client._custom_query["added"] = "later"
+            else:
+                client._custom_query["tags"].append("b")
             await _asample(client)
         finally:
             await client.close()
@@ -215,6 +217,120 @@ def test_a_client_default_changed_after_its_first_request_is_sent_as_tinker_send
     assert transport._sent[0] == sent + 2  # both went lean
     assert theirs[0] != theirs[1]  # the change reached tinker's second request
     assert mine == theirs
+
+
+@pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20")  # tinker's own
+def test_a_response_cut_short_and_not_retried_raises_what_tinker_raises(monkeypatch):
+    # The exception chain's classes and texts (tinker's telemetry logs the
+    # chain): ours reads the answer whole, tinker's adapter as a stream.
+    from tinker._base_client import AsyncAPIClient
+    from tinker._client import AsyncTinker
+
+    from tinker_rl_data.tinker import transport
+
+    def chain(exc):
+        out = []
+        while exc is not None:
+            out.append((type(exc).__name__, str(exc)))
+            exc = exc.__cause__
+        return out
+
+    async def main(port):
+        client = AsyncTinker(api_key="tml-test-key", base_url=f"http://127.0.0.1:{port}")
+        try:
+            await _asample(client, retries=0)
+        except Exception as exc:
+            return chain(exc)
+        finally:
+            await client.close()
+
+    chains = {}
+    for variant in ("stock", "ours"):
+        with monkeypatch.context() as m:
+            if variant == "ours":
+                m.setattr(AsyncAPIClient, "post", transport.make_post(AsyncAPIClient.post))
+            with CutShort() as server:
+                chains[variant] = asyncio.run(main(server.port))
+    assert chains["stock"] and chains["stock"][0][0] == "APIConnectionError", chains
+    assert chains["ours"] == chains["stock"]
+
+
+@pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20")  # tinker's own
+def test_a_client_closed_while_a_request_waits_to_retry_stays_closed(monkeypatch):
+    from pyqwest.httpx import AsyncPyqwestTransport
+    from tinker._base_client import AsyncAPIClient
+    from tinker._client import AsyncTinker
+
+    from tinker_rl_data.tinker import transport
+
+    failed = (500, [("content-type", "application/json"), ("retry-after-ms", "300")], b"{}")
+    answer = (200, [("content-type", "application/json")], b'{"request_id": "r-1"}')
+
+    async def main(post):
+        monkeypatch.setattr(AsyncAPIClient, "post", post)
+        recorder = transport._Recorder([failed, answer])
+        client = AsyncTinker(api_key="tml-test-key", base_url="http://127.0.0.1:9")
+        client._client._transport = AsyncPyqwestTransport(recorder)
+        call = asyncio.ensure_future(_asample(client))
+        await asyncio.sleep(0.1)  # the call sleeps before its retry
+        await client.close()
+        try:
+            got = ("returned", (await call).request_id)
+        except Exception as exc:
+            got = ("raised", type(exc).__name__, repr(exc.__cause__))
+        return got, len(recorder.requests), client.is_closed()
+
+    theirs = asyncio.run(main(AsyncAPIClient.post))
+    mine = asyncio.run(main(transport.make_post(AsyncAPIClient.post)))
+    assert theirs[0][0] == "raised" and theirs[2], theirs
+    assert mine == theirs
+
+
+@pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20")  # tinker's own
+def test_a_users_wrapper_of_tinkers_post_still_sees_the_future_polls(monkeypatch):
+    # functools.wraps gives a wrapper tinker's names: the poll must still go
+    # through it (tinker's raw retrieve calls the client's post).
+    import contextlib
+    import functools
+    import types as pytypes
+
+    from pyqwest.httpx import AsyncPyqwestTransport
+    from tinker import types
+    from tinker._base_client import AsyncAPIClient
+    from tinker._client import AsyncTinker
+    from tinker.lib import api_future_impl
+
+    from tinker_rl_data.tinker import transport
+
+    tinkers_post = AsyncAPIClient.post
+    seen = []
+
+    @functools.wraps(tinkers_post)
+    async def instrumented(self, path, **kwargs):
+        seen.append(path)
+        return await tinkers_post(self, path, **kwargs)
+
+    monkeypatch.setattr(AsyncAPIClient, "post", instrumented)
+    fetch = transport.make_fetch(api_future_impl._APIFuture._fetch_via_rest)
+
+    async def main():
+        answer = (200, [("content-type", "application/json")], b'{"type": "try_again"}')
+        client = AsyncTinker(api_key="tml-test-key", base_url="http://127.0.0.1:9")
+        client._client._transport = AsyncPyqwestTransport(transport._Recorder([answer]))
+        future = object.__new__(api_future_impl._APIFuture)
+        future.model_cls = types.SampleResponse
+        future.holder = pytypes.SimpleNamespace(aclient=lambda kind: contextlib.nullcontext(client))
+        future.untyped_future = types.UntypedAPIFuture(request_id="r-1")
+        future.request_type = "Sample"
+        future.request_queue_roundtrip_time = 0.5
+        try:
+            return await fetch(future, api_future_impl._LoopState(), 0)
+        finally:
+            await client.close()
+
+    outcome = asyncio.run(main())
+    assert type(outcome).__name__ == "_TryAgain"
+    assert seen == ["/api/v1/retrieve_future"]
 
 
 def test_cancelled_callers_leave_no_task_or_thread_behind(tmp_path):

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import json
 import logging
@@ -104,7 +105,7 @@ class _Lane:
         self.token = token
         self.timeout = client.timeout
         self.base_url = client._base_url
-        self.custom = _custom(client)
+        self.custom = _kept(_custom(client))
         self.own_keys = type(client)._idempotency_key is _base_idempotency_key()
         self.templates: dict[tuple[Any, ...], _Template | None] = {}
         self._buffered: tuple[Any, Any] = (None, None)
@@ -181,7 +182,7 @@ class _Lane:
             return False
         custom = _custom(client)
         if client.timeout is not self.timeout or client._base_url is not self.base_url or custom != self.custom:
-            self.timeout, self.base_url, self.custom = client.timeout, client._base_url, custom
+            self.timeout, self.base_url, self.custom = client.timeout, client._base_url, _kept(custom)
             self.templates.clear()
         headers = options.get("headers")
         if headers is not None:
@@ -215,6 +216,15 @@ def _custom(client: Any) -> tuple[Any, ...]:
     """The client's own default headers and query as they are now (a
     template holds them: one made before a change is dropped)."""
     return tuple(client._custom_headers.items()), tuple(client._custom_query.items())
+
+
+def _kept(custom: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``custom`` as a lane keeps it: a copy, so that a value changed in
+    place later compares unequal."""
+    try:
+        return copy.deepcopy(custom)
+    except Exception:  # a value that does not copy: compared as it is
+        return custom
 _tinker_log = logging.getLogger("tinker._base_client")
 _httpx_log = logging.getLogger("httpx")
 _RAW_HEADER = "x-stainless-raw-response"
@@ -435,13 +445,21 @@ async def _send(
     for retries_taken in range(max_retries + 1):
         remaining = max_retries - retries_taken
         values[_RETRY] = str(retries_taken)
-        client._client._state = ClientState.OPENED
         start = time.perf_counter()
         deadline = None if template.timeout is None else loop.time() + template.timeout
         try:
+            http = client._client
+            if http._state == ClientState.CLOSED:  # closed while this call slept before a retry: as httpx's send
+                raise RuntimeError("Cannot send a request, as the client has been closed.")
+            http._state = ClientState.OPENED
             request_headers = Headers([(n, v if m < 0 else values[m]) for n, v, m in template.headers])
             async with asyncio.timeout_at(deadline):
                 response = await buffered.execute(template.method, template.url, request_headers, content)
+            status, answer, data = response.status, response.headers, response.content
+            plain = 200 <= status < 300 and "set-cookie" not in answer and "content-encoding" not in answer
+            # httpx's send reads (and decodes) the body inside tinker's try: a
+            # body that does not decode is a connection error there too.
+            full = None if plain else _httpx_response(client, template, values, content, response, data, start)
         except Exception as exc:
             sent = _httpx_request(client, template, values, content)
             error = _as_httpx_error(exc, sent)
@@ -454,10 +472,7 @@ async def _send(
             if isinstance(error, httpx.TimeoutException):
                 raise _exceptions.APITimeoutError(request=sent) from error
             raise _exceptions.APIConnectionError(request=sent) from error
-        status = response.status
-        answer = response.headers
-        data = response.content
-        if 200 <= status < 300 and "set-cookie" not in answer and "content-encoding" not in answer:
+        if full is None:
             if "x-deprecation-note" in answer:
                 _deprecation_note(client, template, values, content, response, data, start)
             raw = headers and any(n.lower() == _RAW_HEADER and v for n, v in headers.items())
@@ -469,7 +484,6 @@ async def _send(
                     return parsed
             full = _httpx_response(client, template, values, content, response, data, start)
             return await processed(full, retries_taken)
-        full = _httpx_response(client, template, values, content, response, data, start)
         if full.is_success:  # it set a cookie or is encoded: as tinker reads it
             from tinker._base_client import _log_deprecation_note
 
@@ -555,10 +569,10 @@ def _httpx_response(
         request=_httpx_request(client, template, values, content),
         default_encoding=client._client._default_encoding,
     )
+    if "set-cookie" in full.headers:  # as httpx: before the body is read
+        client._client.cookies.extract_cookies(full)
     full.read()
     full.elapsed = timedelta(seconds=time.perf_counter() - start)
-    if "set-cookie" in full.headers:
-        client._client.cookies.extract_cookies(full)
     return full
 
 
@@ -570,12 +584,19 @@ def _deprecation_note(
     _log_deprecation_note(_httpx_response(client, template, values, content, response, data, start))
 
 
+# pyqwest's text for an error reading a body whole, and reading it as a stream.
+_BUFFERED_READ, _STREAM_READ = "Error reading full content: ", "Error reading content: "
+
+
 def _as_httpx_error(exc: Exception, request: Any) -> Exception:
     """The exception tinker's adapter raises for ``exc`` (pyqwest's, or the
     deadline's), with ``exc`` as its cause."""
     import pyqwest
     from pyqwest.httpx import _transport as adapter
 
+    text = exc.args[0] if exc.args and type(exc.args[0]) is str else ""
+    if text.startswith(_BUFFERED_READ):  # ours: read whole; tinker's adapter: read as a stream
+        exc.args = (_STREAM_READ + text[len(_BUFFERED_READ) :], *exc.args[1:])
     if isinstance(exc, pyqwest.StreamError):
         error: Exception = adapter.map_stream_error(exc)
     elif isinstance(exc, pyqwest.RemoteProtocolError):
@@ -731,9 +752,12 @@ def _tinkers_retrieve(client: Any, retrieve: Any) -> bool:
         own = _own_posts[post]
     except KeyError:
         inner = post.__wrapped__ if post in _made_posts else post
+        # By its code, not its names: functools.wraps copies those.
+        code = getattr(inner, "__code__", None)
         own = _own_posts[post] = (
-            getattr(inner, "__module__", None) == "tinker._base_client"
-            and getattr(inner, "__qualname__", None) == "AsyncAPIClient.post"
+            code is not None
+            and code.co_qualname == "AsyncAPIClient.post"
+            and os.path.normcase(code.co_filename).endswith(os.path.normcase(os.path.join("tinker", "_base_client.py")))
         )
     return own and "post" not in vars(client) and type(client.futures).retrieve is retrieve
 
@@ -785,7 +809,8 @@ def probe_post(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
     whose transport records instead of sending, send the same requests and
     give their callers the same answers and exceptions for the calls a step
     makes (a sample, a raw future poll, forward_backward and optim_step, a
-    retried 500, a 400, a connection error, a timeout)."""
+    retried 500, a 400, a connection error, a timeout, a body that does not
+    decode)."""
     from concurrent.futures import ThreadPoolExecutor
 
     # tinker's request building warns (pydantic's `construct` deprecation) at
@@ -813,6 +838,7 @@ def _probe_cases() -> list[tuple[str, Callable[[Any], Any], list[Any]]]:
     polled = (200, [("content-type", "application/json"), ("x-probe", "1")], b'{"type": "try_again"}')
     failed = (500, [("content-type", "application/json"), ("retry-after-ms", "1")], b'{"error": "x"}')
     empty400 = (400, [("content-length", "0")], b"")
+    undecodable = (200, [("content-type", "application/json"), ("content-encoding", "deflate")], b"not deflate")
 
     def asample(client: Any, retries: int = 0) -> Any:
         return client.sampling.asample(
@@ -863,6 +889,8 @@ def _probe_cases() -> list[tuple[str, Callable[[Any], Any], list[Any]]]:
         ("a connection error", asample, [ConnectionError("refused")]),
         ("a timeout", asample, [TimeoutError("timed out")]),
         ("a reset stream", asample, [pyqwest.ReadError("reset")]),
+        ("an answer that does not decode, retried", lambda c: asample(c, 1), [undecodable, future]),
+        ("an answer that does not decode", asample, [undecodable]),
     ]
 
 
@@ -915,7 +943,7 @@ def probe_fetch(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
     raise) the same outcome for each answer a poll gets: a protobuf result,
     a JSON result, try_again, complete_metadata, a failed request, 408,
     410, 429, 500, an empty 400, 403, a cookie set, a connection error,
-    a timeout, a body that is not JSON."""
+    a timeout, a body that is not JSON, a body that does not decode."""
     from concurrent.futures import ThreadPoolExecutor
 
     with warnings.catch_warnings(), ThreadPoolExecutor(1) as pool:
@@ -962,6 +990,7 @@ def _fetch_cases() -> list[tuple[str, Any, int, bool, list[Any]]]:
         ("a connection error", sample, 0, True, [ConnectionError("refused")]),
         ("a timeout", sample, 0, True, [TimeoutError("timed out")]),
         ("a body that is not JSON", sample, 0, True, [(200, json_, b"<html>")]),
+        ("a body that does not decode", sample, 0, True, [(200, [*json_, ("content-encoding", "deflate")], b"not deflate")]),
     ]
 
 
