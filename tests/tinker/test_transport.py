@@ -287,9 +287,10 @@ def test_a_client_closed_while_a_request_waits_to_retry_stays_closed(monkeypatch
 
 
 @pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20")  # tinker's own
-def test_a_users_wrapper_of_tinkers_post_still_sees_the_future_polls(monkeypatch):
+@pytest.mark.parametrize("where", ["on the class", "on the futures resource"])
+def test_a_users_wrapper_of_tinkers_post_still_sees_the_future_polls(where, monkeypatch):
     # functools.wraps gives a wrapper tinker's names: the poll must still go
-    # through it (tinker's raw retrieve calls the client's post).
+    # through it (tinker's raw retrieve calls the post its resource holds).
     import contextlib
     import functools
     import types as pytypes
@@ -310,13 +311,16 @@ def test_a_users_wrapper_of_tinkers_post_still_sees_the_future_polls(monkeypatch
         seen.append(path)
         return await tinkers_post(self, path, **kwargs)
 
-    monkeypatch.setattr(AsyncAPIClient, "post", instrumented)
+    if where == "on the class":
+        monkeypatch.setattr(AsyncAPIClient, "post", instrumented)
     fetch = transport.make_fetch(api_future_impl._APIFuture._fetch_via_rest)
 
     async def main():
         answer = (200, [("content-type", "application/json")], b'{"type": "try_again"}')
         client = AsyncTinker(api_key="tml-test-key", base_url="http://127.0.0.1:9")
         client._client._transport = AsyncPyqwestTransport(transport._Recorder([answer]))
+        if where == "on the futures resource":
+            client.futures._post = pytypes.MethodType(instrumented, client)
         future = object.__new__(api_future_impl._APIFuture)
         future.model_cls = types.SampleResponse
         future.holder = pytypes.SimpleNamespace(aclient=lambda kind: contextlib.nullcontext(client))

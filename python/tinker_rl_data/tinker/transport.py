@@ -746,20 +746,38 @@ _own_posts: dict[Any, bool] = {}
 def _tinkers_retrieve(client: Any, retrieve: Any) -> bool:
     """Whether tinker's raw retrieve on ``client`` would reach tinker's
     resource method and tinker's (or our) post: else a user's or a fork's
-    code stands between, and tinker's call runs it."""
-    post = type(client).post
+    code stands between (on the class, the client or its futures resource),
+    and tinker's call runs it."""
+    futures = client.futures
+    bound = futures._post  # the client's post when the resource was made
+    return (
+        _own_post(type(client).post)
+        and "post" not in vars(client)
+        and type(futures).retrieve is retrieve
+        and "retrieve" not in vars(futures)
+        and getattr(bound, "__self__", None) is client
+        and _own_post(getattr(bound, "__func__", None))
+    )
+
+
+def _own_post(function: Any) -> bool:
+    """Whether ``function`` is tinker's ``AsyncAPIClient.post`` or ours
+    around it; known by its code, not its names (``functools.wraps`` copies
+    those)."""
     try:
-        own = _own_posts[post]
+        return _own_posts[function]
     except KeyError:
-        inner = post.__wrapped__ if post in _made_posts else post
-        # By its code, not its names: functools.wraps copies those.
-        code = getattr(inner, "__code__", None)
-        own = _own_posts[post] = (
-            code is not None
-            and code.co_qualname == "AsyncAPIClient.post"
-            and os.path.normcase(code.co_filename).endswith(os.path.normcase(os.path.join("tinker", "_base_client.py")))
-        )
-    return own and "post" not in vars(client) and type(client.futures).retrieve is retrieve
+        pass
+    except TypeError:  # not hashable: not a function of ours or tinker's
+        return False
+    inner = function.__wrapped__ if function in _made_posts else function
+    code = getattr(inner, "__code__", None)
+    own = _own_posts[function] = (
+        code is not None
+        and code.co_qualname == "AsyncAPIClient.post"
+        and os.path.normcase(code.co_filename).endswith(os.path.normcase(os.path.join("tinker", "_base_client.py")))
+    )
+    return own
 
 
 def undo_post() -> None:
