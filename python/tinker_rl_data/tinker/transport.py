@@ -1022,15 +1022,21 @@ async def _probe_fetch(original: Callable[..., Any], ours: Callable[..., Any]) -
     platform = get_platform()
     captured = _Captured()
     impl.logger.addFilter(captured)
+    clients = []
+    for _ in range(2):
+        client = AsyncTinker(api_key="tml-probe-key", base_url="http://probe.invalid:8000")
+        client._platform = platform
+        client._client._transport = AsyncPyqwestTransport(_Recorder([]))  # type: ignore[arg-type]
+        clients.append(client)
     try:
         for name, model_cls, iteration, allow, script in _fetch_cases():
             seen = []
             before = _sent[0]
-            for fetch in (original, ours):
-                client = AsyncTinker(api_key="tml-probe-key", base_url="http://probe.invalid:8000")
-                client._platform = platform
+            for fetch, client in zip((original, ours), clients):
                 recorder = _Recorder(script)
-                client._client._transport = AsyncPyqwestTransport(recorder)  # type: ignore[arg-type]
+                adapter: Any = client._client._transport
+                adapter._transport = recorder
+                client._client.cookies.clear()  # a case's cookie is not the next one's
                 future: Any = object.__new__(impl._APIFuture)
                 future.model_cls = model_cls
                 future.holder = pytypes.SimpleNamespace(aclient=lambda kind, client=client: contextlib.nullcontext(client))
@@ -1043,8 +1049,6 @@ async def _probe_fetch(original: Callable[..., Any], ours: Callable[..., Any]) -
                     got: Any = ("ok", _comparable_outcome(await fetch(future, loop_state, iteration)))
                 except Exception as exc:
                     got = ("raised", _comparable_error(exc))
-                finally:
-                    await client.close()
                 seen.append((got, [_comparable_request(r) for r in recorder.requests], list(captured.lines)))
             (theirs, their_requests, their_lines), (mine, my_requests, my_lines) = seen
             check(bool(their_requests), f"{name}: tinker's poll sent nothing (probe out of date)")
@@ -1054,6 +1058,8 @@ async def _probe_fetch(original: Callable[..., Any], ours: Callable[..., Any]) -
             check(my_lines == their_lines, f"{name}: ours logs {my_lines}, tinker's {their_lines}")
     finally:
         impl.logger.removeFilter(captured)
+        for client in clients:
+            await client.close()
 
 
 def _comparable_outcome(outcome: Any) -> Any:
