@@ -256,6 +256,42 @@ def test_a_response_cut_short_and_not_retried_raises_what_tinker_raises(monkeypa
 
 
 @pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20")  # tinker's own
+def test_an_answer_that_does_not_decode_is_retried_as_tinker_retries_it(monkeypatch):
+    # httpx's send reads (and decodes) the body inside tinker's try: a body
+    # that does not decode is a connection error, retried.
+    from pyqwest.httpx import AsyncPyqwestTransport
+    from tinker._base_client import AsyncAPIClient
+    from tinker._client import AsyncTinker
+
+    from tinker_rl_data.tinker import transport
+
+    monkeypatch.setattr("tinker._base_client.INITIAL_RETRY_DELAY", 0.01)
+    undecodable = (200, [("content-type", "application/json"), ("content-encoding", "deflate")], b"not deflate")
+    answer = (200, [("content-type", "application/json")], b'{"request_id": "r-1"}')
+
+    async def main(post, script, retries):
+        monkeypatch.setattr(AsyncAPIClient, "post", post)
+        recorder = transport._Recorder(script)
+        client = AsyncTinker(api_key="tml-test-key", base_url="http://127.0.0.1:9")
+        client._client._transport = AsyncPyqwestTransport(recorder)
+        try:
+            got = ("returned", (await _asample(client, retries)).request_id)
+        except Exception as exc:
+            got = ("raised", type(exc).__name__, type(exc.__cause__).__name__)
+        finally:
+            await client.close()
+        return got, [transport._comparable_request(r) for r in recorder.requests]
+
+    for script, retries in (([undecodable, answer], 1), ([undecodable], 0)):
+        theirs = asyncio.run(main(AsyncAPIClient.post, script, retries))
+        sent = transport._sent[0]
+        mine = asyncio.run(main(transport.make_post(AsyncAPIClient.post), script, retries))
+        assert transport._sent[0] > sent
+        assert mine == theirs
+    assert theirs[0] == ("raised", "APIConnectionError", "DecodingError")
+
+
+@pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20")  # tinker's own
 def test_a_client_closed_while_a_request_waits_to_retry_stays_closed(monkeypatch):
     from pyqwest.httpx import AsyncPyqwestTransport
     from tinker._base_client import AsyncAPIClient
