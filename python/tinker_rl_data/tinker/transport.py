@@ -829,13 +829,39 @@ def probe_post(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
     makes (a sample, a raw future poll, forward_backward and optim_step, a
     retried 500, a 400, a connection error, a timeout, a body that does not
     decode)."""
+    _run_apart(_probe(original, ours))
+
+
+def _run_apart(probe: Any) -> None:
+    """Runs a probe's coroutine on its own event loop, in a thread of its
+    own (whatever loop the caller runs); tinker's request building warns
+    (pydantic's `construct` deprecation) at each request: not the probe's to
+    show."""
     from concurrent.futures import ThreadPoolExecutor
 
-    # tinker's request building warns (pydantic's `construct` deprecation) at
-    # each request: not the probe's to show.
-    with warnings.catch_warnings(), ThreadPoolExecutor(1) as pool:  # its own event loop, whatever the caller runs
+    with warnings.catch_warnings(), ThreadPoolExecutor(1) as pool:
         warnings.simplefilter("ignore", DeprecationWarning)
-        pool.submit(asyncio.run, _probe(original, ours)).result()
+        pool.submit(asyncio.run, probe).result()
+
+
+def _recording_client(platform: Any) -> Any:
+    """An ``AsyncTinker`` whose pyqwest transport records instead of
+    sending (:func:`_replay` gives it each case's answers)."""
+    from pyqwest.httpx import AsyncPyqwestTransport
+    from tinker._client import AsyncTinker
+
+    client = AsyncTinker(api_key="tml-probe-key", base_url="http://probe.invalid:8000")
+    client._platform = platform
+    client._client._transport = AsyncPyqwestTransport(_Recorder([]))  # type: ignore[arg-type]
+    return client
+
+
+def _replay(client: Any, script: list[Any]) -> _Recorder:
+    """``client``'s transport answers ``script`` from here, and records."""
+    recorder = _Recorder(script)
+    client._client._transport._transport = recorder
+    client._client.cookies.clear()  # a case's cookie is not the next one's
+    return recorder
 
 
 def _probe_cases() -> list[tuple[str, Callable[[Any], Any], list[Any]]]:
@@ -912,26 +938,20 @@ def _probe_cases() -> list[tuple[str, Callable[[Any], Any], list[Any]]]:
 
 
 async def _probe(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
-    from pyqwest.httpx import AsyncPyqwestTransport
     from tinker._base_client import get_platform
-    from tinker._client import AsyncTinker
 
     platform = get_platform()
     clients = []
     for post in (original, ours):
-        client = AsyncTinker(api_key="tml-probe-key", base_url="http://probe.invalid:8000")
-        client._platform = platform
-        client._client._transport = AsyncPyqwestTransport(_Recorder([]))  # type: ignore[arg-type]
-        client.post = pytypes.MethodType(post, client)  # type: ignore[method-assign]  # resources bind it when made
+        client = _recording_client(platform)
+        client.post = pytypes.MethodType(post, client)  # resources bind it when made
         clients.append(client)
     try:
         for name, call, script in _probe_cases():
             seen = []
             before = _sent[0]
             for client in clients:
-                recorder = _Recorder(script)
-                adapter: Any = client._client._transport
-                adapter._transport = recorder
+                recorder = _replay(client, script)
                 try:
                     got: Any = ("ok", _comparable(await call(client)))
                 except Exception as exc:
@@ -961,11 +981,7 @@ def probe_fetch(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
     a JSON result, try_again, complete_metadata, a failed request, 408,
     410, 429, 500, an empty 400, 403, a cookie set, a connection error,
     a timeout, a body that is not JSON, a body that does not decode."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with warnings.catch_warnings(), ThreadPoolExecutor(1) as pool:
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pool.submit(asyncio.run, _probe_fetch(original, ours)).result()
+    _run_apart(_probe_fetch(original, ours))
 
 
 class _Captured(logging.Filter):
@@ -1012,30 +1028,20 @@ def _fetch_cases() -> list[tuple[str, Any, int, bool, list[Any]]]:
 
 
 async def _probe_fetch(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
-    from pyqwest.httpx import AsyncPyqwestTransport
     from tinker import types
     from tinker._base_client import get_platform
-    from tinker._client import AsyncTinker
     from tinker.lib import api_future_impl as impl
 
     platform = get_platform()
     captured = _Captured()
     impl.logger.addFilter(captured)
-    clients = []
-    for _ in range(2):
-        client = AsyncTinker(api_key="tml-probe-key", base_url="http://probe.invalid:8000")
-        client._platform = platform
-        client._client._transport = AsyncPyqwestTransport(_Recorder([]))  # type: ignore[arg-type]
-        clients.append(client)
+    clients = [_recording_client(platform) for _ in range(2)]
     try:
         for name, model_cls, iteration, allow, script in _fetch_cases():
             seen = []
             before = _sent[0]
             for fetch, client in zip((original, ours), clients):
-                recorder = _Recorder(script)
-                adapter: Any = client._client._transport
-                adapter._transport = recorder
-                client._client.cookies.clear()  # a case's cookie is not the next one's
+                recorder = _replay(client, script)
                 future: Any = object.__new__(impl._APIFuture)
                 future.model_cls = model_cls
                 future.holder = pytypes.SimpleNamespace(aclient=lambda kind, client=client: contextlib.nullcontext(client))
