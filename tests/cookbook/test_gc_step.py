@@ -347,6 +347,63 @@ def test_a_step_s_survivors_are_bounded_relative_to_the_process():
     assert survivors <= max(held, _gc_step.MIN_SURVIVORS_BOUND) + 10_000, (survivors, held)
 
 
+def test_a_step_s_work_in_flight_is_not_collected_again_in_later_steps():
+    # Each step holds 300,000 objects until its end (a batch of rollouts in
+    # flight), more than the relative bound: the first step's early
+    # collection finds them all live; the later steps' bound is doubled and
+    # they run without one. A step whose survivors die mid-step (cycles)
+    # keeps the bound where it was.
+    collector = StepCollector(headroom=None, max_tracked=None)
+    held_bound = []
+
+    async def steps() -> list[int]:
+        collector.loop_started(asyncio.get_running_loop())
+        early = []
+        try:
+            for _ in range(3):
+                before = collector.stats.guard_collections
+                held_bound.append(max(collector._held, _gc_step.MIN_SURVIVORS_BOUND))
+                in_flight = []
+                for i in range(300_000):
+                    in_flight.append(Node())
+                    if i % 1_000 == 0:
+                        await asyncio.sleep(0)  # where the guard's collection runs
+                early.append(collector.stats.guard_collections - before)
+                del in_flight
+                collector.step_ended()
+            return early
+        finally:
+            collector.loop_ended()
+
+    early = asyncio.run(steps())
+    if held_bound[0] >= 300_000:
+        pytest.skip(f"this process holds {held_bound[0]} objects: a step of 300,000 is under its bound")
+    assert early == [1, 0, 0], (early, collector.stats, held_bound)
+    assert collector.stats.live_collections == 1
+
+    # Cycles that die mid-step: every early collection frees most of its survivors.
+    cycles = StepCollector(headroom=None)
+
+    async def cyclic() -> None:
+        cycles.loop_started(asyncio.get_running_loop())
+        try:
+            window: list[Node] = []
+            for i in range(1_000_000):
+                a, b = Node(), Node()
+                a.other, b.other = b, a
+                window.append(a)  # each lives through a few young collections
+                if len(window) > 30_000:
+                    del window[:10_000]
+                if i % 1_000 == 0:
+                    await asyncio.sleep(0)
+            cycles.step_ended()
+        finally:
+            cycles.loop_ended()
+
+    asyncio.run(cyclic())
+    assert cycles.stats.guard_collections >= 2 and cycles.stats.live_collections == 0, cycles.stats
+
+
 def test_no_full_collection_inside_a_step():
     collector = StepCollector(young=1_000, headroom=None, max_tracked=None)
     full = []

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import json
 import subprocess
 import sys
 import threading
 import time
 import warnings
+import weakref
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -110,6 +112,37 @@ def test_concurrent_identical_calls_become_one_request():
     assert sorted(tokens) == [[100 + i] for i in range(16)]  # each caller one distinct sequence
     assert _coalesce.counts() == {"merged_requests": 1, "merged_calls": 16, "split_requests": 0, "split_calls": 0}
     assert not sample.__tinker_rl_data_pending__
+
+
+def test_a_delivered_callers_future_is_freed_without_the_collector():
+    # Each merged caller's future sits in chains of callbacks (asyncio's
+    # wrap_future, tinker's wrapper) that hold it back: once answered, the
+    # batch and the future let go of them, so a step's thousands of callers
+    # are freed as the caller drops them, not by the next full collection.
+    fake = FakeSample()
+    sample = make_sample(fake)
+    client = object()
+    refs = []
+
+    async def episode():
+        returned = sample(client, prompt=types.ModelInput.from_ints(PROMPT), num_samples=1, sampling_params=params())
+        refs.extend([weakref.ref(returned), weakref.ref(returned._future)])
+        return (await returned).sequences[0].tokens
+
+    async def main():
+        return await asyncio.gather(*(episode() for _ in range(8)))
+
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        tokens = run(main())
+        alive = [r() for r in refs if r() is not None]
+    finally:
+        if enabled:
+            gc.enable()
+    assert len(fake.calls) == 1 and sorted(tokens) == [[100 + i] for i in range(8)]
+    assert len(refs) == 16 and not alive, [type(a).__name__ for a in alive]
 
 
 def test_a_merged_request_failing_sends_each_caller_alone():

@@ -51,7 +51,10 @@ the step's GC time. Here, while tinker-cookbook's training loop runs:
   as many as the process held when the step started (frozen and old
   objects, ``survivors_fraction`` 1.0 of them; at least 250,000, at most
   ``max_tracked``, 4 M; after an early collection, at least a quarter of
-  the objects the step kept), and, if
+  the objects the step kept; an early collection by this bound that finds
+  them live, freeing under a quarter, doubles it for the loop's later
+  steps, up to 16 times, one that frees half or more halves it back: a
+  step's work in flight is not scanned again and again), and, if
   set, when RSS has grown by ``max_rss_growth`` bytes (an absolute cap,
   none by default);
 - if a step function the loop calls is not this collector's (a user's
@@ -143,6 +146,13 @@ GROWTH_FRACTION = 0.25
 # last step's garbage left, plus the headroom: the count bounds it.
 DEFAULT_SURVIVORS_FRACTION = 1.0
 MIN_SURVIVORS_BOUND = 250_000
+# An early collection the survivors' bound started that freed under a
+# quarter of them (GROWTH_FRACTION) found the step's work in flight, not
+# garbage: the bound doubles for the loop's later steps (up to this many
+# times the fraction); one that freed at least half of them halves it back.
+# (Coalesced many_short: every step's early collection freed 0 of ~550,000
+# survivors, ~650 ms a step.)
+MAX_SURVIVORS_SCALE = 16
 # A sentinel: the headroom from the environment (else the default).
 _FROM_ENV: Any = object()
 # Set on this module's step wrappers (and copied by functools.wraps onto a
@@ -204,6 +214,7 @@ class StepStats:
     steps: int = 0
     young_collections: int = 0  # automatic, inside steps
     guard_collections: int = 0  # early full collections
+    live_collections: int = 0  # early ones (by the survivors' bound) that found them live: the bound doubled
     tracked_checks: int = 0  # exact counts of the objects older than young
     step_collections: int = 0  # the one at each step's end
     froze: int = 0  # objects frozen when the loop started
@@ -229,7 +240,9 @@ class StepCollector:
     :data:`MIN_SURVIVORS_BOUND`), at most ``max_tracked`` (None: no cap):
     objects surviving young collections since the last full one after
     which the guard collects; after an early collection at least a quarter
-    of the objects the step has kept so far. ``freeze``: freeze the setup's
+    of the objects the step has kept so far; doubled for later steps by an
+    early collection that finds them live (:data:`MAX_SURVIVORS_SCALE`).
+    ``freeze``: freeze the setup's
     objects when the loop starts.
     """
 
@@ -259,6 +272,8 @@ class StepCollector:
         self._next_tracked_check = 0
         self._kept = 0  # tracked objects the step's early collections left alive
         self._held = 0  # tracked objects (frozen and old) when the step started
+        self._survivors_scale = 1  # the survivors' bound's multiple, learned from early collections
+        self._by_survivors = False  # the armed early collection is the survivors' bound's
         self._loop: asyncio.AbstractEventLoop | None = None
         self._configure(young, headroom, min_headroom, max_rss_growth, max_tracked, freeze, survivors_fraction)
 
@@ -300,6 +315,7 @@ class StepCollector:
             if self._depth:
                 self._depth += 1
                 return
+            self._survivors_scale = 1  # learned anew by each loop
             self._hold(loop, settle=True)
 
     def loop_ended(self) -> None:
@@ -541,7 +557,8 @@ class StepCollector:
         through its early collections."""
         bound = self.max_tracked if self.max_tracked is not None else _NEVER
         if self.survivors_fraction is not None:
-            bound = min(bound, max(int(self.survivors_fraction * self._held), MIN_SURVIVORS_BOUND))
+            relative = max(int(self.survivors_fraction * self._held), MIN_SURVIVORS_BOUND)
+            bound = min(bound, relative * self._survivors_scale)
         return max(bound, int(GROWTH_FRACTION * self._kept))
 
     def _read_rss(self) -> int | None:
@@ -585,7 +602,19 @@ class StepCollector:
             freed = self._collect()
             self._kept += max(0, survivors - freed)
             self.stats.guard_collections += 1
+            if self._by_survivors:
+                self._learn(survivors, freed)
             self._step_started(new_step=False)
+
+    def _learn(self, survivors: int, freed: int) -> None:
+        """The survivors' bound for the loop's later steps, from what an
+        early collection it started found (see MAX_SURVIVORS_SCALE)."""
+        if freed < GROWTH_FRACTION * survivors:
+            if self._survivors_scale < MAX_SURVIVORS_SCALE:
+                self._survivors_scale *= 2
+            self.stats.live_collections += 1
+        elif 2 * freed >= survivors and self._survivors_scale > 1:
+            self._survivors_scale //= 2
 
     def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
         # Runs inside a collection (any thread, GIL held), where no other
@@ -609,8 +638,10 @@ class StepCollector:
                 self.stats.tracked_checks += 1
                 survivors, bound = _survivors(), self._survivors_bound()
                 if survivors >= bound:
+                    self._by_survivors = True
                     return True
                 self._next_tracked_check = gc.get_count()[1] * self.young + max(bound - survivors, 4 * self.young)
+        self._by_survivors = False
         if self._rss is None or self._rss_limit is None:
             return False
         now = time.monotonic()

@@ -226,6 +226,13 @@ class _Caller(Future):
             self._batch.caller_cancelled(self)
         return cancelled
 
+    def _invoke_callbacks(self) -> None:
+        super()._invoke_callbacks()
+        # Each callback runs once (one added later runs at once), and their
+        # closures hold this future (asyncio's wrap_future, tinker's
+        # wrapper): dropped, the caller's chain is freed without a collection.
+        self._done_callbacks = []
+
 
 class _Waiters(list):
     """A future's waiters, where ``concurrent.futures.wait`` and
@@ -288,6 +295,7 @@ class _Batch:
         # blocking wait holds its futures' locks when it sends the batch.
         self.lock = threading.Lock()
         self.request: Future | None = None
+        self.delivering: list[_Caller] = []  # the callers the sent request answers
         self.context = contextvars.copy_context()
 
     def join(self, max_merge: int) -> _Caller | None:
@@ -341,7 +349,8 @@ class _Batch:
                 _counts["merged_calls"] += len(callers)
         with self.lock:
             self.request = request
-        request.add_done_callback(lambda done: self.deliver(done, callers))
+            self.delivering = callers
+        request.add_done_callback(self.deliver)
         if all(c.cancelled() for c in callers):
             request.cancel()
 
@@ -355,9 +364,21 @@ class _Batch:
         elif request is not None and all(c.cancelled() for c in callers):
             request.cancel()
 
-    def deliver(self, done: Future, callers: list[_Caller]) -> None:
+    def deliver(self, done: Future) -> None:
         """The merged request's outcome to its callers (on the thread that
-        finished it)."""
+        finished it). Then the batch lets go of them: tinker's future keeps
+        this callback, in a cycle of its own, and through it each caller's
+        whole chain would wait for the collector."""
+        with self.lock:
+            callers, self.delivering = self.delivering, []
+        try:
+            self._deliver(done, callers)
+        finally:
+            with self.lock:
+                self.callers = []
+                self.request = None
+
+    def _deliver(self, done: Future, callers: list[_Caller]) -> None:
         if done.cancelled():
             for c in callers:
                 c.cancel()
