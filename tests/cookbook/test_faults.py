@@ -55,7 +55,7 @@ RUNNER = Path(__file__).resolve().parents[1] / "support" / "trainer_run.py"
 STEPS = 2
 TIMEOUT = 300  # seconds for all the runs: a hang fails the test, not the suite
 # The transport pieces' titles in status().
-LEAN_REQUESTS = ("step requests sent lean", "future polls sent lean")
+LEAN_REQUESTS = ("step requests sent lean", "future polls sent lean", "request futures freed when dropped")
 # Paths whose counts depend on time, not on the requests made.
 TIMED = {"/api/v1/telemetry", "/api/v1/session_heartbeat"}
 

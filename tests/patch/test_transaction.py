@@ -50,6 +50,8 @@ _WIRE = [
     ("sample request bytes", "tinker.resources.sampling", "model_dump", "wire"),
     ("step requests sent lean", "tinker._base_client", "AsyncAPIClient.post", "transport"),
     ("future polls sent lean", "tinker.lib.api_future_impl", "_APIFuture._fetch_via_rest", "transport"),
+    ("request futures freed when dropped", "tinker.lib.internal_client_holder",
+     "InternalClientHolder.run_coroutine_threadsafe", "transport"),
 ]
 _DATA = [
     (name, _RL + "data_processing", name, "data")

@@ -628,7 +628,8 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     report = c.install()
 assert [t for t, _ in report.installed] == [
-    "forward_backward request bytes", "sample request bytes", "step requests sent lean", "future polls sent lean"], report
+    "forward_backward request bytes", "sample request bytes", "step requests sent lean", "future polls sent lean",
+    "request futures freed when dropped"], report
 assert report.left == [(f"tinker-cookbook pieces ({n})", "tinker_cookbook is not importable")], report.left
 assert [str(w.message) for w in caught] == [
     f"tinker_rl_data: tinker-cookbook pieces ({n}) not installed: tinker_cookbook is not importable"], caught

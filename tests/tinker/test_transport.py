@@ -18,12 +18,14 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -373,6 +375,15 @@ def test_a_users_wrapper_of_tinkers_post_still_sees_the_future_polls(where, monk
     assert seen == ["/api/v1/retrieve_future"]
 
 
+def test_an_awaited_calls_futures_are_freed_without_the_collector(tmp_path):
+    # 16 awaited sample calls, the collector off: tinker's futures of each
+    # call sit in a cycle of callbacks (stock keeps them until a full
+    # collection); installed, they are freed as the caller drops them.
+    runs = {variant: run_child(variant, tmp_path) for variant in ("freed-stock", "freed")}
+    assert runs["freed"]["calls"] == 16 and runs["freed"]["alive"] == 0, runs["freed"]
+    print("stock leaves", runs["freed-stock"]["alive"], "of", 2 * runs["freed-stock"]["calls"])
+
+
 def test_cancelled_callers_leave_no_task_or_thread_behind(tmp_path):
     # The service holds every sample's answer for 30 s; the callers are
     # cancelled after a second (as Ctrl-C cancels asyncio.run's task).
@@ -443,7 +454,7 @@ def child(variant: str, record: str, out: str) -> None:
     from tinker_rl_data.tinker import coalesce, transport
 
     coalescing = False
-    if variant != "stock":
+    if variant not in ("stock", "freed-stock"):
         report = tinker_rl_data.cookbook.install(gc=False, coalesce=variant == "coalesced")
         installed = {title for title, _ in report.installed}
         assert {piece.title for piece in transport.PIECES} <= installed, report
@@ -460,6 +471,8 @@ def child(variant: str, record: str, out: str) -> None:
         sampler = sampler.result() if hasattr(sampler, "result") else sampler  # 0.38: a future of it
         if variant == "cancel":
             result.update(cancel(sampler, prompt, params))
+        elif variant.startswith("freed"):
+            result.update(freed(sampler, prompt, params))
         elif variant == "coalesced":
 
             async def group():
@@ -479,7 +492,7 @@ def child(variant: str, record: str, out: str) -> None:
             results.append(trainer.optim_step(types.AdamParams(learning_rate=1e-4)).result())
             result["results"] = json.loads(json.dumps(results, default=repr))
         result["lean"] = transport._sent[0]
-    if variant != "cancel":
+    if variant not in ("cancel", "freed", "freed-stock"):
         result["wire"] = [{**r, "body": r["body"].hex()} for r in read_capture(wire)]
     Path(out).write_text(json.dumps(result))
 
@@ -511,6 +524,28 @@ def cancel(sampler, prompt, params) -> dict:
         "tasks_after": tasks(),
         "threads_after": threads(),
     }
+
+
+def freed(sampler, prompt, params) -> dict:
+    refs = []
+
+    async def call():
+        future = sampler.sample(prompt, 1, params)
+        refs.extend([weakref.ref(future), weakref.ref(future.future())])
+        return (await future).sequences[0].tokens
+
+    async def calls():
+        return await asyncio.gather(*(call() for _ in range(16)))
+
+    gc.collect()
+    gc.disable()
+    try:
+        done = asyncio.run(calls())
+        time.sleep(0.2)  # tinker's loop thread finishes running the futures' callbacks
+        alive = sum(ref() is not None for ref in refs)
+    finally:
+        gc.enable()
+    return {"calls": len(done), "alive": alive}
 
 
 def threads() -> int:

@@ -53,7 +53,8 @@ the step's GC time. Here, while tinker-cookbook's training loop runs:
   ``max_tracked``, 4 M; after an early collection, at least a quarter of
   the objects the step kept; an early collection by this bound that finds
   them live, freeing under a quarter, doubles it for the loop's later
-  steps, up to 16 times, one that frees half or more halves it back: a
+  steps until it is twice what it found, up to 16 times, one that frees
+  half or more halves it back: a
   step's work in flight is not scanned again and again), and, if
   set, when RSS has grown by ``max_rss_growth`` bytes (an absolute cap,
   none by default);
@@ -148,8 +149,9 @@ DEFAULT_SURVIVORS_FRACTION = 1.0
 MIN_SURVIVORS_BOUND = 250_000
 # An early collection the survivors' bound started that freed under a
 # quarter of them (GROWTH_FRACTION) found the step's work in flight, not
-# garbage: the bound doubles for the loop's later steps (up to this many
-# times the fraction); one that freed at least half of them halves it back.
+# garbage: the bound doubles for the loop's later steps until it is twice
+# what that collection found (up to this many times the fraction); one that
+# freed at least half of them halves it back.
 # (Coalesced many_short: every step's early collection freed 0 of ~550,000
 # survivors, ~650 ms a step.)
 MAX_SURVIVORS_SCALE = 16
@@ -557,8 +559,7 @@ class StepCollector:
         through its early collections."""
         bound = self.max_tracked if self.max_tracked is not None else _NEVER
         if self.survivors_fraction is not None:
-            relative = max(int(self.survivors_fraction * self._held), MIN_SURVIVORS_BOUND)
-            bound = min(bound, relative * self._survivors_scale)
+            bound = min(bound, self._relative_bound() * self._survivors_scale)
         return max(bound, int(GROWTH_FRACTION * self._kept))
 
     def _read_rss(self) -> int | None:
@@ -606,11 +607,17 @@ class StepCollector:
                 self._learn(survivors, freed)
             self._step_started(new_step=False)
 
+    def _relative_bound(self) -> int:
+        return max(int((self.survivors_fraction or 0) * self._held), MIN_SURVIVORS_BOUND)
+
     def _learn(self, survivors: int, freed: int) -> None:
         """The survivors' bound for the loop's later steps, from what an
         early collection it started found (see MAX_SURVIVORS_SCALE)."""
         if freed < GROWTH_FRACTION * survivors:
-            if self._survivors_scale < MAX_SURVIVORS_SCALE:
+            relative = self._relative_bound()
+            # Doubled until twice what it found live (a step's in-flight work
+            # varies from step to step), at most MAX_SURVIVORS_SCALE times.
+            while self._survivors_scale < MAX_SURVIVORS_SCALE and relative * self._survivors_scale < 2 * survivors:
                 self._survivors_scale *= 2
             self.stats.live_collections += 1
         elif 2 * freed >= survivors and self._survivors_scale > 1:

@@ -27,6 +27,10 @@ client over it, one await), with the rest made once:
 - the answer parsed by the client's own ``_process_response_data`` (an
   ``AsyncAPIResponse`` where tinker returns one: ``with_raw_response``).
 
+A third piece (:mod:`.futures`) lets each call's concurrent future drop
+its callbacks once done, so the call is freed when its caller drops it
+rather than at the next full collection.
+
 Tinker's layers above ``post`` stay: its ``RetryHandler`` and
 ``execute_with_retries``, the sample dispatch semaphores and backpressure,
 the ``_APIFuture`` polling loop (``try_again``, ``complete_metadata``, 410,
@@ -69,6 +73,7 @@ from typing import Any, Callable
 from .. import switches
 from ..patch.feature import Feature
 from ..patch.piece import Piece, check
+from . import futures
 
 __all__ = ["PATHS", "PIECES", "make_fetch", "make_post", "probe_fetch", "probe_post"]
 
@@ -1136,6 +1141,15 @@ PIECES = (
         spread=False,
         undo=undo_post,
         label="future polls sent lean",
+    ),
+    Piece(
+        "tinker.lib.internal_client_holder",
+        "InternalClientHolder.run_coroutine_threadsafe",
+        "transport",
+        futures.make_run_coroutine_threadsafe,
+        futures.probe_run_coroutine_threadsafe,
+        spread=False,
+        label="request futures freed when dropped",
     ),
 )
 
