@@ -227,11 +227,11 @@ class _Caller(Future):
         return cancelled
 
     def _invoke_callbacks(self) -> None:
-        super()._invoke_callbacks()
+        super()._invoke_callbacks()  # type: ignore[misc]  # (concurrent.futures' own, not in its stub)
         # Each callback runs once (one added later runs at once), and their
         # closures hold this future (asyncio's wrap_future, tinker's
         # wrapper): dropped, the caller's chain is freed without a collection.
-        self._done_callbacks = []
+        self._done_callbacks: list[Any] = []
 
 
 class _Waiters(list):

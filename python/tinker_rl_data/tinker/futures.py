@@ -81,7 +81,12 @@ def probe_run_coroutine_threadsafe(original: Callable[..., Any], ours: Callable[
             check(type(inner) is Future, f"tinker's future() is a {type(inner).__name__}")
             seen: list[Any] = []
             ran = threading.Event()
-            inner.add_done_callback(lambda f: (seen.append("added"), ran.set()))
+
+            def added(future: Future) -> None:
+                seen.append("added")
+                ran.set()
+
+            inner.add_done_callback(added)
             for future in (theirs.future(), inner):
                 error = future.exception(timeout=10)
                 got = future.result() if error is None else error
