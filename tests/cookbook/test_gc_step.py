@@ -401,6 +401,41 @@ def test_a_step_s_work_in_flight_is_not_collected_again_in_later_steps():
     assert cycles.stats.guard_collections >= 2 and cycles.stats.live_collections == 0, cycles.stats
 
 
+def test_a_step_with_garbage_brings_the_raised_bound_back():
+    # In flight (the bound doubles), then a step of cycles that die in it
+    # (an early collection frees most: the bound halves), then in flight
+    # again: collected early once more.
+    collector = StepCollector(headroom=None, max_tracked=None)
+
+    async def steps() -> list[int]:
+        collector.loop_started(asyncio.get_running_loop())
+        early = []
+        try:
+            n = int(1.5 * collector._survivors_bound())
+            for kind in ("in flight", "cycles", "in flight"):
+                before = collector.stats.guard_collections
+                kept: list[Node] = []
+                for i in range(2 * n if kind == "cycles" else n):
+                    a = Node()
+                    if kind == "cycles":
+                        a.other = b = Node()
+                        b.other = a
+                        if len(kept) > 30_000:
+                            del kept[:10_000]  # each cycle lives through a few young collections
+                    kept.append(a)
+                    if i % 1_000 == 0:
+                        await asyncio.sleep(0)
+                early.append(collector.stats.guard_collections - before)
+                del kept
+                collector.step_ended()
+            return early
+        finally:
+            collector.loop_ended()
+
+    early = asyncio.run(steps())
+    assert early[0] == 1 and early[1] >= 1 and early[2] == 1, (early, collector.stats)
+
+
 def test_no_full_collection_inside_a_step():
     collector = StepCollector(young=1_000, headroom=None, max_tracked=None)
     full = []

@@ -53,8 +53,8 @@ the step's GC time. Here, while tinker-cookbook's training loop runs:
   ``max_tracked``, 4 M; after an early collection, at least a quarter of
   the objects the step kept; an early collection by this bound that finds
   them live, freeing under a quarter, doubles it for the loop's later
-  steps until it is twice what it found, up to 16 times, one that frees
-  half or more halves it back: a
+  steps until it is twice what it found, up to 16 times; any early
+  collection that frees half or more puts it back: a
   step's work in flight is not scanned again and again), and, if
   set, when RSS has grown by ``max_rss_growth`` bytes (an absolute cap,
   none by default);
@@ -150,8 +150,9 @@ MIN_SURVIVORS_BOUND = 250_000
 # An early collection the survivors' bound started that freed under a
 # quarter of them (GROWTH_FRACTION) found the step's work in flight, not
 # garbage: the bound doubles for the loop's later steps until it is twice
-# what that collection found (up to this many times the fraction); one that
-# freed at least half of them halves it back.
+# what that collection found (up to this many times the fraction); an early
+# collection (by this bound or RSS) that freed at least half of them puts it
+# back at once.
 # (Coalesced many_short: every step's early collection freed 0 of ~550,000
 # survivors, ~650 ms a step.)
 MAX_SURVIVORS_SCALE = 16
@@ -603,25 +604,26 @@ class StepCollector:
             freed = self._collect()
             self._kept += max(0, survivors - freed)
             self.stats.guard_collections += 1
-            if self._by_survivors:
-                self._learn(survivors, freed)
+            if self._counts_survivors():
+                self._learn(survivors, freed, by_survivors=self._by_survivors)
             self._step_started(new_step=False)
 
     def _relative_bound(self) -> int:
         return max(int((self.survivors_fraction or 0) * self._held), MIN_SURVIVORS_BOUND)
 
-    def _learn(self, survivors: int, freed: int) -> None:
+    def _learn(self, survivors: int, freed: int, by_survivors: bool) -> None:
         """The survivors' bound for the loop's later steps, from what an
-        early collection it started found (see MAX_SURVIVORS_SCALE)."""
-        if freed < GROWTH_FRACTION * survivors:
+        early collection found (see MAX_SURVIVORS_SCALE): raised only by
+        its own collections, lowered by any that finds garbage."""
+        if by_survivors and freed < GROWTH_FRACTION * survivors:
             relative = self._relative_bound()
             # Doubled until twice what it found live (a step's in-flight work
             # varies from step to step), at most MAX_SURVIVORS_SCALE times.
             while self._survivors_scale < MAX_SURVIVORS_SCALE and relative * self._survivors_scale < 2 * survivors:
                 self._survivors_scale *= 2
             self.stats.live_collections += 1
-        elif 2 * freed >= survivors and self._survivors_scale > 1:
-            self._survivors_scale //= 2
+        elif 2 * freed >= survivors:
+            self._survivors_scale = 1
 
     def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
         # Runs inside a collection (any thread, GIL held), where no other
