@@ -347,72 +347,20 @@ def test_a_step_s_survivors_are_bounded_relative_to_the_process():
     assert survivors <= max(held, _gc_step.MIN_SURVIVORS_BOUND) + 10_000, (survivors, held)
 
 
-def test_a_step_s_work_in_flight_is_not_collected_again_in_later_steps():
-    # Each step holds 1.5 times the survivors' bound of objects until its
-    # end (a batch of rollouts in flight): the first step's early collection
-    # finds them all live; the later steps' bound is raised past them and
-    # they run without one. A step whose survivors die mid-step (cycles)
-    # keeps the bound where it was.
-    collector = StepCollector(headroom=None, max_tracked=None)
-
-    async def steps() -> list[int]:
-        collector.loop_started(asyncio.get_running_loop())
-        early = []
-        try:
-            n = int(1.5 * collector._survivors_bound())  # the process's own size (a full suite holds more)
-            for _ in range(3):
-                before = collector.stats.guard_collections
-                in_flight = []
-                for i in range(n):
-                    in_flight.append(Node())
-                    if i % 1_000 == 0:
-                        await asyncio.sleep(0)  # where the guard's collection runs
-                early.append(collector.stats.guard_collections - before)
-                del in_flight
-                collector.step_ended()
-            return early
-        finally:
-            collector.loop_ended()
-
-    early = asyncio.run(steps())
-    assert early == [1, 0, 0], (early, collector.stats)
-    assert collector.stats.live_collections == 1
-
-    # Cycles that die mid-step: every early collection frees most of its survivors.
-    cycles = StepCollector(headroom=None)
-
-    async def cyclic() -> None:
-        cycles.loop_started(asyncio.get_running_loop())
-        try:
-            window: list[Node] = []
-            for i in range(1_000_000):
-                a, b = Node(), Node()
-                a.other, b.other = b, a
-                window.append(a)  # each lives through a few young collections
-                if len(window) > 30_000:
-                    del window[:10_000]
-                if i % 1_000 == 0:
-                    await asyncio.sleep(0)
-            cycles.step_ended()
-        finally:
-            cycles.loop_ended()
-
-    asyncio.run(cyclic())
-    assert cycles.stats.guard_collections >= 2 and cycles.stats.live_collections == 0, cycles.stats
-
-
-def test_a_step_with_garbage_brings_the_raised_bound_back():
-    # In flight (the bound doubles), then a step of cycles that die in it
-    # (an early collection frees most: the bound halves), then in flight
-    # again: collected early once more.
-    collector = StepCollector(headroom=None, max_tracked=None)
+def early_collections_per_step(collector: StepCollector, kinds: list[str]) -> list[int]:
+    """One loop of steps, each of one kind, sized by the collector's own
+    survivors' bound (a full suite's process holds more objects than a
+    lone test's): "in flight" holds 1.5 bounds of objects to the step's end
+    (a batch of rollouts), "cycles" makes 3 bounds of cycles that each live
+    through a few young collections and die in the step. The early
+    collections each step had."""
 
     async def steps() -> list[int]:
         collector.loop_started(asyncio.get_running_loop())
         early = []
         try:
             n = int(1.5 * collector._survivors_bound())
-            for kind in ("in flight", "cycles", "in flight"):
+            for kind in kinds:
                 before = collector.stats.guard_collections
                 kept: list[Node] = []
                 for i in range(2 * n if kind == "cycles" else n):
@@ -421,10 +369,10 @@ def test_a_step_with_garbage_brings_the_raised_bound_back():
                         a.other = b = Node()
                         b.other = a
                         if len(kept) > 30_000:
-                            del kept[:10_000]  # each cycle lives through a few young collections
+                            del kept[:10_000]
                     kept.append(a)
                     if i % 1_000 == 0:
-                        await asyncio.sleep(0)
+                        await asyncio.sleep(0)  # where the guard's collection runs
                 early.append(collector.stats.guard_collections - before)
                 del kept
                 collector.step_ended()
@@ -432,8 +380,30 @@ def test_a_step_with_garbage_brings_the_raised_bound_back():
         finally:
             collector.loop_ended()
 
-    early = asyncio.run(steps())
+    return asyncio.run(steps())
+
+
+def test_a_step_s_work_in_flight_is_not_collected_again_in_later_steps():
+    # The first step's early collection finds its objects all live; the
+    # later steps' bound is raised past them and they run without one.
+    collector = StepCollector(headroom=None, max_tracked=None)
+    early = early_collections_per_step(collector, ["in flight"] * 3)
+    assert early == [1, 0, 0], (early, collector.stats)
+    assert collector.stats.live_collections == 1
+    # Cycles that die mid-step: each early collection frees most of its survivors.
+    cycles = StepCollector(headroom=None, max_tracked=None)
+    early = early_collections_per_step(cycles, ["cycles"] * 2)
+    assert min(early) >= 1 and cycles.stats.live_collections == 0, (early, cycles.stats)
+
+
+def test_a_step_with_garbage_brings_the_raised_bound_back():
+    # In flight (the bound raised), then a step of cycles (an early
+    # collection frees most: the bound back), then in flight again:
+    # collected early once more.
+    collector = StepCollector(headroom=None, max_tracked=None)
+    early = early_collections_per_step(collector, ["in flight", "cycles", "in flight"])
     assert early[0] == 1 and early[1] >= 1 and early[2] == 1, (early, collector.stats)
+    assert collector.stats.live_collections == 2
 
 
 def test_no_full_collection_inside_a_step():
