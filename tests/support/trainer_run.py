@@ -19,7 +19,8 @@ several) and its result in OUT.json (a list with several):
                 sets StepCollector's arguments by its configure())
   installed+coalesce
                 install(coalesce=True): with --shared-prompt, a group's first
-                sample calls go out as one request
+                sample calls go out as one request (installed+coalesce:young=5000
+                sets the collector's arguments as installed+gc's do)
   VARIANT/no-huge-pages
                 VARIANT with huge pages for large outputs off (the caller sets
                 TINKER_RL_DATA_HUGEPAGES=0 in this process's environment)
@@ -295,7 +296,8 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
             if guard_only:
                 collector._add_step_ends = lambda loop_function: []
                 user_undo.append(lambda: vars(collector).pop("_add_step_ends"))
-        elif variant == "installed+coalesce":
+        elif variant.partition(":")[0] == "installed+coalesce":  # (with the collector's options too)
+            _gc_step.configure(**gc_config)
             tinker_rl_data.cookbook.install(kl=args.install_kl, coalesce=True)
             collector = _gc_step.COLLECTOR
         else:
