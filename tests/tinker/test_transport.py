@@ -182,14 +182,26 @@ def test_a_response_cut_short_is_retried_as_tinker_retries_it(variant, monkeypat
     assert (transport._sent[0] > sent) == (variant == "ours")
 
 
+def recorded(script, **client_options):
+    """A tinker client whose pyqwest transport answers ``script`` and
+    records the requests, and that recorder."""
+    from pyqwest.httpx import AsyncPyqwestTransport
+    from tinker._client import AsyncTinker
+
+    from tinker_rl_data.tinker import transport
+
+    recorder = transport._Recorder(script)
+    client = AsyncTinker(api_key="tml-test-key", base_url="http://127.0.0.1:9", **client_options)
+    client._client._transport = AsyncPyqwestTransport(recorder)
+    return client, recorder
+
+
 @pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20")  # tinker's own
 @pytest.mark.parametrize("change", ["default header", "default query", "a default query value changed in place"])
 def test_a_client_default_changed_after_its_first_request_is_sent_as_tinker_sends_it(change, monkeypatch):
     # tinker builds each request from the client's defaults as they are
     # then; ours made its template at the first request.
-    from pyqwest.httpx import AsyncPyqwestTransport
     from tinker._base_client import AsyncAPIClient
-    from tinker._client import AsyncTinker
 
     from tinker_rl_data.tinker import transport
 
@@ -197,9 +209,7 @@ def test_a_client_default_changed_after_its_first_request_is_sent_as_tinker_send
 
     async def main(post):
         monkeypatch.setattr(AsyncAPIClient, "post", post)
-        recorder = transport._Recorder([answer, answer])
-        client = AsyncTinker(api_key="tml-test-key", base_url="http://127.0.0.1:9", default_query={"tags": ["a"]})
-        client._client._transport = AsyncPyqwestTransport(recorder)
+        client, recorder = recorded([answer, answer], default_query={"tags": ["a"]})
         try:
             await _asample(client)
             if change == "default header":
@@ -261,9 +271,7 @@ def test_a_response_cut_short_and_not_retried_raises_what_tinker_raises(monkeypa
 def test_an_answer_that_does_not_decode_is_retried_as_tinker_retries_it(monkeypatch):
     # httpx's send reads (and decodes) the body inside tinker's try: a body
     # that does not decode is a connection error, retried.
-    from pyqwest.httpx import AsyncPyqwestTransport
     from tinker._base_client import AsyncAPIClient
-    from tinker._client import AsyncTinker
 
     from tinker_rl_data.tinker import transport
 
@@ -273,9 +281,7 @@ def test_an_answer_that_does_not_decode_is_retried_as_tinker_retries_it(monkeypa
 
     async def main(post, script, retries):
         monkeypatch.setattr(AsyncAPIClient, "post", post)
-        recorder = transport._Recorder(script)
-        client = AsyncTinker(api_key="tml-test-key", base_url="http://127.0.0.1:9")
-        client._client._transport = AsyncPyqwestTransport(recorder)
+        client, recorder = recorded(script)
         try:
             got = ("returned", (await _asample(client, retries)).request_id)
         except Exception as exc:
@@ -295,9 +301,7 @@ def test_an_answer_that_does_not_decode_is_retried_as_tinker_retries_it(monkeypa
 
 @pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20")  # tinker's own
 def test_a_client_closed_while_a_request_waits_to_retry_stays_closed(monkeypatch):
-    from pyqwest.httpx import AsyncPyqwestTransport
     from tinker._base_client import AsyncAPIClient
-    from tinker._client import AsyncTinker
 
     from tinker_rl_data.tinker import transport
 
@@ -306,9 +310,7 @@ def test_a_client_closed_while_a_request_waits_to_retry_stays_closed(monkeypatch
 
     async def main(post):
         monkeypatch.setattr(AsyncAPIClient, "post", post)
-        recorder = transport._Recorder([failed, answer])
-        client = AsyncTinker(api_key="tml-test-key", base_url="http://127.0.0.1:9")
-        client._client._transport = AsyncPyqwestTransport(recorder)
+        client, recorder = recorded([failed, answer])
         call = asyncio.ensure_future(_asample(client))
         await asyncio.sleep(0.1)  # the call sleeps before its retry
         await client.close()
@@ -333,10 +335,8 @@ def test_a_users_wrapper_of_tinkers_post_still_sees_the_future_polls(where, monk
     import functools
     import types as pytypes
 
-    from pyqwest.httpx import AsyncPyqwestTransport
     from tinker import types
     from tinker._base_client import AsyncAPIClient
-    from tinker._client import AsyncTinker
     from tinker.lib import api_future_impl
 
     from tinker_rl_data.tinker import transport
@@ -355,8 +355,7 @@ def test_a_users_wrapper_of_tinkers_post_still_sees_the_future_polls(where, monk
 
     async def main():
         answer = (200, [("content-type", "application/json")], b'{"type": "try_again"}')
-        client = AsyncTinker(api_key="tml-test-key", base_url="http://127.0.0.1:9")
-        client._client._transport = AsyncPyqwestTransport(transport._Recorder([answer]))
+        client, _ = recorded([answer])
         if where == "on the futures resource":
             client.futures._post = pytypes.MethodType(instrumented, client)
         future = object.__new__(api_future_impl._APIFuture)

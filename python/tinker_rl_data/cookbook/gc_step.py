@@ -604,7 +604,7 @@ class StepCollector:
             freed = self._collect()
             self._kept += max(0, survivors - freed)
             self.stats.guard_collections += 1
-            if self._counts_survivors():
+            if self.survivors_fraction is not None:  # (the scale is the relative bound's)
                 self._learn(survivors, freed, by_survivors=self._by_survivors)
             self._step_started(new_step=False)
 

@@ -72,6 +72,7 @@ from typing import Any, Callable
 from .. import _core
 from ..patch.feature import Feature, WorkerPart, WorkerStart
 from ..patch.piece import Piece, ProbeFailed
+from . import futures
 from . import sample as sampling
 
 __all__ = ["MAX_MERGE", "PIECES", "counts", "make_sample", "probe_sample", "reset_counts"]
@@ -204,6 +205,9 @@ class _Caller(Future):
 
     def __init__(self, batch: _Batch):
         super().__init__()
+        # Its callbacks' closures hold it (asyncio's wrap_future, tinker's
+        # wrapper): dropped once run, the caller is freed without a collection.
+        self.add_done_callback(futures.let_go)
         self._batch = batch
         self._waiters = _Waiters(batch)  # type: ignore[attr-defined]
         self.alone: Future | None = None
@@ -225,13 +229,6 @@ class _Caller(Future):
         if cancelled:
             self._batch.caller_cancelled(self)
         return cancelled
-
-    def _invoke_callbacks(self) -> None:
-        super()._invoke_callbacks()  # type: ignore[misc]  # (concurrent.futures' own, not in its stub)
-        # Each callback runs once (one added later runs at once), and their
-        # closures hold this future (asyncio's wrap_future, tinker's
-        # wrapper): dropped, the caller's chain is freed without a collection.
-        self._done_callbacks: list[Any] = []
 
 
 class _Waiters(list):

@@ -30,7 +30,8 @@ from typing import Any, Callable
 from ..patch.piece import check
 
 
-def _let_go(future: Future) -> None:
+def let_go(future: Future) -> None:
+    """A done callback, added first: drops the future's list of callbacks."""
     future._done_callbacks = []  # type: ignore[attr-defined]  # each ran, or runs, from the list it had
 
 
@@ -40,7 +41,7 @@ def make_run_coroutine_threadsafe(original: Callable[..., Any]) -> Callable[...,
         awaitable = original(self, coro)
         future = getattr(awaitable, "_future", None)
         if type(future) is Future:  # (tinker's own: anything else is left as it is)
-            future.add_done_callback(_let_go)
+            future.add_done_callback(let_go)
         return awaitable
 
     return run_coroutine_threadsafe
@@ -102,7 +103,7 @@ def probe_run_coroutine_threadsafe(original: Callable[..., Any], ours: Callable[
 def _callbacks_run_once() -> bool:
     future: Future = Future()
     ran: list[str] = []
-    future.add_done_callback(_let_go)
+    future.add_done_callback(let_go)
     future.add_done_callback(lambda f: ran.append("before"))
     future.set_result(None)
     future.add_done_callback(lambda f: ran.append("after"))

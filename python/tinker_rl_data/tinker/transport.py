@@ -230,6 +230,8 @@ def _kept(custom: tuple[Any, ...]) -> tuple[Any, ...]:
         return copy.deepcopy(custom)
     except Exception:  # a value that does not copy: compared as it is
         return custom
+
+
 _tinker_log = logging.getLogger("tinker._base_client")
 _httpx_log = logging.getLogger("httpx")
 _RAW_HEADER = "x-stainless-raw-response"
