@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import json
 import os
 import subprocess
@@ -383,6 +384,20 @@ def test_an_awaited_calls_futures_are_freed_without_the_collector(tmp_path):
     print("stock leaves", runs["freed-stock"]["alive"], "of", 2 * runs["freed-stock"]["calls"])
 
 
+def test_a_sample_calls_future_on_tinkers_loop_does_not_wake_that_loop(tmp_path):
+    # 16 awaited sample calls: each call's _APIFuture starts its polling on
+    # tinker's loop, from that loop; stock wakes the loop for it twice
+    # (the task started through call_soon_threadsafe, its result chained
+    # back the same way); installed, neither: the loop is woken once by the
+    # call's caller and once by each of its two answers (pyqwest's). The
+    # answers are the same.
+    runs = {variant: run_child(variant, tmp_path) for variant in ("hops-stock", "hops")}
+    stock, ours = runs["hops-stock"], runs["hops"]
+    assert ours["calls"] == stock["calls"] == 16 and ours["tokens"] == stock["tokens"], runs
+    assert ours["hops"] <= 3 * ours["calls"] < stock["hops"], runs
+    print("wakes of tinker's loop, 16 calls: stock", stock["hops"], "installed", ours["hops"])
+
+
 def test_cancelled_callers_leave_no_task_or_thread_behind(tmp_path):
     # The service holds every sample's answer for 30 s; the callers are
     # cancelled after a second (as Ctrl-C cancels asyncio.run's task).
@@ -437,6 +452,31 @@ def test_the_probe_refuses_a_future_poll_that_differs_from_tinkers(monkeypatch):
             transport.probe_fetch(original, transport.make_fetch(original))
 
 
+def test_the_probe_refuses_request_futures_that_differ_from_tinkers():
+    from tinker.lib.internal_client_holder import InternalClientHolder
+
+    from tinker_rl_data.errors import ProbeFailed
+    from tinker_rl_data.tinker import futures
+
+    original = InternalClientHolder.run_coroutine_threadsafe
+    ours = futures.make_run_coroutine_threadsafe(original)
+    futures.probe_run_coroutine_threadsafe(original, ours)  # passes as made
+
+    async def nothing():
+        return None
+
+    def answers_none_on_its_loop(holder, coro):
+        if asyncio._get_running_loop() is holder.get_loop():
+            coro.close()
+            return ours(holder, nothing())
+        return ours(holder, coro)
+
+    with pytest.raises(ProbeFailed, match="awaited on tinker's loop"):
+        futures.probe_run_coroutine_threadsafe(original, answers_none_on_its_loop)
+    with pytest.raises(ProbeFailed, match="kept its callbacks"):  # tinker's own keeps them
+        futures.probe_run_coroutine_threadsafe(original, original)
+
+
 # --------------------------------------------------------------------------
 # Child processes: one variant each
 
@@ -453,7 +493,7 @@ def child(variant: str, record: str, out: str) -> None:
     from tinker_rl_data.tinker import coalesce, transport
 
     coalescing = False
-    if variant not in ("stock", "freed-stock"):
+    if variant not in ("stock", "freed-stock", "hops-stock"):
         report = tinker_rl_data.cookbook.install(gc=False, coalesce=variant == "coalesced")
         installed = {title for title, _ in report.installed}
         assert {piece.title for piece in transport.PIECES} <= installed, report
@@ -472,6 +512,8 @@ def child(variant: str, record: str, out: str) -> None:
             result.update(cancel(sampler, prompt, params))
         elif variant.startswith("freed"):
             result.update(freed(sampler, prompt, params))
+        elif variant.startswith("hops"):
+            result.update(hops(sampler, prompt, params))
         elif variant == "coalesced":
 
             async def group():
@@ -491,7 +533,7 @@ def child(variant: str, record: str, out: str) -> None:
             results.append(trainer.optim_step(types.AdamParams(learning_rate=1e-4)).result())
             result["results"] = json.loads(json.dumps(results, default=repr))
         result["lean"] = transport._sent[0]
-    if variant not in ("cancel", "freed", "freed-stock"):
+    if not variant.startswith(("cancel", "freed", "hops")):
         result["wire"] = [{**r, "body": r["body"].hex()} for r in read_capture(wire)]
     Path(out).write_text(json.dumps(result))
 
@@ -545,6 +587,28 @@ def freed(sampler, prompt, params) -> dict:
     finally:
         gc.enable()
     return {"calls": len(done), "alive": alive}
+
+
+def hops(sampler, prompt, params) -> dict:
+    """The wakes of tinker's loop (its call_soon_threadsafe calls) over 16
+    awaited sample calls, after 16 more as a warm-up."""
+    loop = sampler.holder.get_loop()
+    original, counted = loop.call_soon_threadsafe, itertools.count()
+
+    def counting(*args, **kwargs):
+        next(counted)
+        return original(*args, **kwargs)
+
+    async def calls():
+        return await asyncio.gather(*(sampler.sample(prompt, 1, params) for _ in range(16)))
+
+    asyncio.run(calls())
+    loop.call_soon_threadsafe = counting
+    try:
+        done = asyncio.run(calls())
+    finally:
+        del loop.call_soon_threadsafe
+    return {"calls": len(done), "hops": next(counted), "tokens": sorted(r.sequences[0].tokens for r in done)}
 
 
 def threads() -> int:

@@ -17,6 +17,14 @@ the future is done, it drops the future's list of callbacks. A
 finished from that list (the loop already holds it: the rest still run) and
 those added after at once, so nothing sees the list again; the cycle is
 gone and the call's objects are freed as its caller drops them.
+
+A call made on tinker's own loop (``_APIFuture`` starts its polling loop so,
+once per request) skips the hop: the coroutine becomes a task at once
+rather than through ``call_soon_threadsafe`` and a wake of the loop it is
+already on, and awaiting the future there awaits that task rather than a
+second future chained across ``call_soon_threadsafe``. The concurrent
+future is chained from the task as tinker's is, for ``result()``,
+``future()`` and callers on other loops.
 """
 
 from __future__ import annotations
@@ -36,8 +44,31 @@ def let_go(future: Future) -> None:
 
 
 def make_run_coroutine_threadsafe(original: Callable[..., Any]) -> Callable[..., Any]:
+    from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
+
+    class OnItsLoop(AwaitableConcurrentFuture):  # type: ignore[misc, valid-type]
+        """tinker's future of a call made on tinker's own loop: awaited
+        there, its task is awaited."""
+
+        def __init__(self, future: Future, task: asyncio.Task) -> None:
+            super().__init__(future)
+            self._task = task
+
+        def __await__(self) -> Any:
+            if asyncio._get_running_loop() is self._task.get_loop():
+                return (yield from self._task)
+            return (yield from super().__await__())
+
     @functools.wraps(original)
     def run_coroutine_threadsafe(self: Any, coro: Any) -> Any:
+        running = asyncio._get_running_loop()
+        if running is not None and running is self.get_loop() and asyncio.iscoroutine(coro):
+            # What asyncio.run_coroutine_threadsafe does, without the hop.
+            chained: Future = Future()
+            chained.add_done_callback(let_go)
+            task = running.create_task(coro)
+            asyncio.futures._chain_future(task, chained)  # type: ignore[attr-defined]
+            return OnItsLoop(chained, task)
         awaitable = original(self, coro)
         future = getattr(awaitable, "_future", None)
         if type(future) is Future:  # (tinker's own: anything else is left as it is)
@@ -60,9 +91,10 @@ class _Holder:
 def probe_run_coroutine_threadsafe(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
     """Raises ProbeFailed unless ours returns what tinker's does (a future of
     the coroutine's result or exception, of the same type, its ``future()``
-    a ``concurrent.futures.Future``) and this Python's futures run every
-    callback added before they finish, and those added later at once, with
-    the list dropped by the first."""
+    a ``concurrent.futures.Future``), also for a call made on the holder's
+    loop, and this Python's futures run every callback added before they
+    finish, and those added later at once, with the list dropped by the
+    first."""
     check(_callbacks_run_once(), "concurrent.futures.Future no longer runs its callbacks from the list it had")
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="tinker_rl_data probe loop", daemon=True)
@@ -94,10 +126,31 @@ def probe_run_coroutine_threadsafe(original: Callable[..., Any], ours: Callable[
                 check(got is result, f"the future's outcome is {got!r}, not {result!r}")
             check(ran.wait(10) and seen == ["added"], "a callback added to tinker's future did not run once")
             check(not inner._done_callbacks, "tinker's future kept its callbacks")  # type: ignore[attr-defined]
+            asyncio.run_coroutine_threadsafe(_on_its_loop(original, ours, holder, call), loop).result(10)
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+async def _on_its_loop(original: Callable[..., Any], ours: Callable[..., Any], holder: _Holder, call: Any) -> None:
+    """A call made on the holder's loop (as ``_APIFuture`` makes its own):
+    ours is one of tinker's futures, awaited there as tinker's (also
+    through ``asyncio.wait_for``, as ``_APIFuture.result_async`` awaits), and
+    its ``future()`` holds the same outcome, its callbacks dropped."""
+    theirs, mine = original(holder, call()), ours(holder, call())
+    check(isinstance(mine, type(theirs)), f"ours returned {type(mine).__name__}, tinker's {type(theirs).__name__}")
+    outcomes = []
+    for future in (theirs, mine, ours(holder, call())):
+        try:
+            outcomes.append(await asyncio.wait_for(future, None) if future is not mine else await future)
+        except Exception as exc:
+            outcomes.append(exc)
+    check(len({id(o) for o in outcomes}) == 1, f"awaited on tinker's loop, the outcomes are {outcomes!r}")
+    inner = mine.future()
+    check(inner.done() and not inner._done_callbacks, "the future's callbacks were kept")  # type: ignore[attr-defined]
+    error = inner.exception()
+    check((inner.result() if error is None else error) is outcomes[0], "the future's outcome differs")
 
 
 def _callbacks_run_once() -> bool:

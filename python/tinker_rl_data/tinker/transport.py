@@ -29,7 +29,8 @@ client over it, one await), with the rest made once:
 
 A third piece (:mod:`.futures`) lets each call's concurrent future drop
 its callbacks once done, so the call is freed when its caller drops it
-rather than at the next full collection.
+rather than at the next full collection, and runs a call tinker makes on
+its own loop (a request's ``_APIFuture``) without waking that loop.
 
 Tinker's layers above ``post`` stay: its ``RetryHandler`` and
 ``execute_with_retries``, the sample dispatch semaphores and backpressure,
