@@ -146,6 +146,16 @@ class CutShort:
             writer.close()
 
 
+def chain(exc):
+    """An exception's chain of causes as callers and tracebacks read it:
+    each one's class, text and the class of its context."""
+    out = []
+    while exc is not None:
+        out.append((type(exc).__name__, str(exc), type(exc.__context__).__name__))
+        exc = exc.__cause__
+    return out
+
+
 def _asample(client, retries=2):
     from tinker import types
 
@@ -233,23 +243,28 @@ def test_a_client_default_changed_after_its_first_request_is_sent_as_tinker_send
 
 
 @pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20")  # tinker's own
-def test_a_response_cut_short_and_not_retried_raises_what_tinker_raises(monkeypatch):
-    # The exception chain's classes and texts (tinker's telemetry logs the
-    # chain): ours reads the answer whole, tinker's adapter as a stream.
+@pytest.mark.parametrize("answer", ["a response cut short", "a 500", "a 400", "a connection refused", "a timeout"])
+def test_an_error_not_retried_raises_what_tinker_raises(answer, monkeypatch):
+    # The whole chain (tinker's telemetry logs it): a connection error from
+    # the adapter's error (ours reads the answer whole, tinker's adapter as
+    # a stream), a status error raised while tinker handles httpx's.
     from tinker._base_client import AsyncAPIClient
     from tinker._client import AsyncTinker
 
     from tinker_rl_data.tinker import transport
 
-    def chain(exc):
-        out = []
-        while exc is not None:
-            out.append((type(exc).__name__, str(exc)))
-            exc = exc.__cause__
-        return out
+    script = {
+        "a 500": (500, [("content-type", "application/json")], b'{"error": "x"}'),
+        "a 400": (400, [("content-type", "application/json")], b'{"error": "bad"}'),
+        "a connection refused": ConnectionRefusedError("refused"),
+        "a timeout": TimeoutError("timed out"),
+    }.get(answer)
 
     async def main(port):
-        client = AsyncTinker(api_key="tml-test-key", base_url=f"http://127.0.0.1:{port}")
+        if script is None:
+            client = AsyncTinker(api_key="tml-test-key", base_url=f"http://127.0.0.1:{port}")
+        else:
+            client, _ = recorded([script])
         try:
             await _asample(client, retries=0)
         except Exception as exc:
@@ -264,7 +279,7 @@ def test_a_response_cut_short_and_not_retried_raises_what_tinker_raises(monkeypa
                 m.setattr(AsyncAPIClient, "post", transport.make_post(AsyncAPIClient.post))
             with CutShort() as server:
                 chains[variant] = asyncio.run(main(server.port))
-    assert chains["stock"] and chains["stock"][0][0] == "APIConnectionError", chains
+    assert chains["stock"] and chains["stock"][0][2] != "NoneType", chains
     assert chains["ours"] == chains["stock"]
 
 

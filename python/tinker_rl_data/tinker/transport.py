@@ -471,15 +471,18 @@ async def _send(
         except Exception as exc:
             sent = _httpx_request(client, template, values, content)
             error = _as_httpx_error(exc, sent)
-            if remaining > 0:
-                input_options = input_options or _request_options(path, body, options, idempotency)
-                await client._sleep_for_retry(
-                    retries_taken=retries_taken, max_retries=max_retries, options=input_options, response=None
-                )
-                continue
-            if isinstance(error, httpx.TimeoutException):
-                raise _exceptions.APITimeoutError(request=sent) from error
-            raise _exceptions.APIConnectionError(request=sent) from error
+            try:  # raised as the adapter raises it, handled as tinker's request handles it
+                raise error
+            except Exception:
+                if remaining > 0:
+                    input_options = input_options or _request_options(path, body, options, idempotency)
+                    await client._sleep_for_retry(
+                        retries_taken=retries_taken, max_retries=max_retries, options=input_options, response=None
+                    )
+                    continue
+                if isinstance(error, httpx.TimeoutException):
+                    raise _exceptions.APITimeoutError(request=sent) from error
+                raise _exceptions.APIConnectionError(request=sent) from error
         if full is None:
             if "x-deprecation-note" in answer:
                 _deprecation_note(client, template, values, content, response, data, start)
@@ -497,16 +500,20 @@ async def _send(
 
             _log_deprecation_note(full)
             return await processed(full, retries_taken)
-        if remaining > 0 and client._should_retry(full):
-            input_options = input_options or _request_options(path, body, options, idempotency)
-            await client._sleep_for_retry(
-                retries_taken=retries_taken, max_retries=max_retries, options=input_options, response=full
-            )
-            continue
-        from tinker._base_client import _log_deprecation_note
+        try:  # as tinker's request: handled as httpx's status error
+            full.raise_for_status()
+        except httpx.HTTPStatusError:
+            if remaining > 0 and client._should_retry(full):
+                input_options = input_options or _request_options(path, body, options, idempotency)
+                await client._sleep_for_retry(
+                    retries_taken=retries_taken, max_retries=max_retries, options=input_options, response=full
+                )
+                continue
+            from tinker._base_client import _log_deprecation_note
 
-        _log_deprecation_note(full)
-        raise client._make_status_error_from_response(full) from None
+            _log_deprecation_note(full)
+            raise client._make_status_error_from_response(full) from None
+        raise AssertionError(f"httpx raised no status error for a {status}")  # it raises for each but 2xx
     raise AssertionError("could not resolve response (should never happen)")
 
 
@@ -1104,14 +1111,19 @@ def _comparable(result: Any) -> Any:
 
 def _comparable_error(exc: BaseException) -> Any:
     """What callers read of an exception: its class, message, status,
-    body, response headers, request line and cause chain's classes."""
+    body, response headers, request line, and the classes of its chains of
+    causes and of contexts."""
     response = getattr(exc, "response", None)
     request = getattr(exc, "request", None)
-    causes = []
-    cause = exc.__cause__
+    causes: list[type] = []
+    contexts: list[type] = []
+    cause, context = exc.__cause__, exc.__context__
     while cause is not None:
         causes.append(type(cause))
         cause = cause.__cause__
+    while context is not None and len(contexts) < 8:
+        contexts.append(type(context))
+        context = context.__context__
     return (
         type(exc),
         str(exc),
@@ -1121,6 +1133,7 @@ def _comparable_error(exc: BaseException) -> Any:
         if request is None
         else (request.method, str(request.url), [(n, v) for n, v in request.headers.multi_items() if n.lower() != "x-idempotency-key"]),
         causes,
+        contexts,
     )
 
 
