@@ -148,10 +148,14 @@ class CutShort:
 
 def chain(exc):
     """An exception's chain of causes as callers and tracebacks read it:
-    each one's class, text and the class of its context."""
+    each one's class, text, the class of its context, and its response's
+    extensions (names, and trailers)."""
     out = []
     while exc is not None:
-        out.append((type(exc).__name__, str(exc), type(exc.__context__).__name__))
+        response = getattr(exc, "response", None)
+        extensions = getattr(response, "extensions", None) or {}
+        trailers = extensions["get_trailers"]().multi_items() if "get_trailers" in extensions else None
+        out.append((type(exc).__name__, str(exc), type(exc.__context__).__name__, sorted(extensions), trailers))
         exc = exc.__cause__
     return out
 

@@ -582,6 +582,7 @@ def _httpx_response(
         headers=httpx.Headers(tuple(response.headers.items())),
         stream=httpx.ByteStream(data),  # as the adapter's: no header added; decoded as httpx decodes
         request=_httpx_request(client, template, values, content),
+        extensions={"get_trailers": functools.partial(_trailers, response)},  # as the adapter's
         default_encoding=client._client._default_encoding,
     )
     if "set-cookie" in full.headers:  # as httpx: before the body is read
@@ -589,6 +590,12 @@ def _httpx_response(
     full.read()
     full.elapsed = timedelta(seconds=time.perf_counter() - start)
     return full
+
+
+def _trailers(response: Any) -> Any:
+    import httpx
+
+    return httpx.Headers(tuple(response.trailers.items()))
 
 
 def _deprecation_note(
@@ -1128,13 +1135,19 @@ def _comparable_error(exc: BaseException) -> Any:
         type(exc),
         str(exc),
         getattr(exc, "body", None),
-        None if response is None else (response.status_code, list(response.headers.multi_items()), response.content),
+        None if response is None else (response.status_code, list(response.headers.multi_items()), response.content, _extensions(response)),
         None
         if request is None
         else (request.method, str(request.url), [(n, v) for n, v in request.headers.multi_items() if n.lower() != "x-idempotency-key"]),
         causes,
         contexts,
     )
+
+
+def _extensions(response: Any) -> Any:
+    """A response's extensions as callers read them: names, and trailers."""
+    get_trailers = response.extensions.get("get_trailers")
+    return sorted(response.extensions), None if get_trailers is None else list(get_trailers().multi_items())
 
 
 PIECES = (
