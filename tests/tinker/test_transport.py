@@ -417,15 +417,13 @@ def test_a_sample_calls_future_on_tinkers_loop_does_not_wake_that_loop(tmp_path)
     print("wakes of tinker's loop, 16 calls: stock", stock["hops"], "installed", ours["hops"])
 
 
-def test_cancelled_callers_leave_no_task_or_thread_behind(tmp_path):
-    # The service holds every sample's answer for 30 s; the callers are
-    # cancelled after a second (as Ctrl-C cancels asyncio.run's task).
-    proc = subprocess.run(
-        [sys.executable, __file__, "cancel", str(tmp_path / "cancel"), str(tmp_path / "cancel.json")],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    run = json.loads((tmp_path / "cancel.json").read_text())
+@pytest.mark.parametrize("variant", ["cancel", "cancel-polling"])
+def test_cancelled_callers_leave_no_task_or_thread_behind(variant, tmp_path):
+    # The service holds every sample's answer for 30 s ("cancel"), or
+    # answers every poll of its future "try again" (tinker's polling loop,
+    # started on its own loop, is running); the callers are cancelled after
+    # a second (as Ctrl-C cancels asyncio.run's task).
+    run = run_child(variant, tmp_path)
     assert run["lean"] > 0 and run["cancelled"] == 20, run
     assert run["tasks_after"] <= run["tasks_before"], run
     assert run["threads_after"] <= run["threads_before"], run
@@ -520,14 +518,14 @@ def child(variant: str, record: str, out: str) -> None:
     prompt = types.ModelInput.from_ints(list(range(1, 40)))
     params = types.SamplingParams(max_tokens=8, temperature=1.0)
     result: dict = {"variant": variant, "coalescing": variant != "stock" and coalescing}
-    faults = "seed=1,rate=1,kinds=slow,slow=30" if variant == "cancel" else None
+    faults = {"cancel": "seed=1,rate=1,kinds=slow,slow=30", "cancel-polling": "seed=1,rate=1,kinds=try_again"}.get(variant)
     Path(record).mkdir(parents=True, exist_ok=True)
     wire = Path(record) / "wire.jsonl"
     with FakeTinker(record=record, capture=wire, faults=faults) as fake:
         service = tinker.ServiceClient(base_url=fake.base_url)
         sampler = service.create_sampling_client(base_model="fake/model")
         sampler = sampler.result() if hasattr(sampler, "result") else sampler  # 0.38: a future of it
-        if variant == "cancel":
+        if variant.startswith("cancel"):
             result.update(cancel(sampler, prompt, params))
         elif variant.startswith("freed"):
             result.update(freed(sampler, prompt, params))
