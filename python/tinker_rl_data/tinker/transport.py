@@ -1135,7 +1135,9 @@ def _comparable_error(exc: BaseException) -> Any:
         type(exc),
         str(exc),
         getattr(exc, "body", None),
-        None if response is None else (response.status_code, list(response.headers.multi_items()), response.content, _extensions(response)),
+        None
+        if response is None
+        else (response.status_code, list(response.headers.multi_items()), response.content, _extensions(response)),
         None
         if request is None
         else (request.method, str(request.url), [(n, v) for n, v in request.headers.multi_items() if n.lower() != "x-idempotency-key"]),
