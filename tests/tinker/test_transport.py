@@ -469,6 +469,56 @@ def test_the_probe_refuses_a_future_poll_that_differs_from_tinkers(monkeypatch):
             transport.probe_fetch(original, transport.make_fetch(original))
 
 
+@pytest.mark.parametrize("case", ["a cancel unwound slowly", "a cancel swallowed", "cancelled once done"])
+def test_a_future_awaited_on_tinkers_loop_is_cancelled_as_tinkers(case):
+    # Awaited on the loop that runs it (as _APIFuture's is), with a timeout
+    # or while future() is cancelled: the caller's outcome, how soon it has
+    # it, and future()'s state, as with tinker's own function.
+    from tinker.lib.internal_client_holder import InternalClientHolder
+
+    from tinker_rl_data.tinker import futures
+
+    original = InternalClientHolder.run_coroutine_threadsafe
+
+    class Holder:
+        def __init__(self, loop):
+            self._loop = loop
+
+        def get_loop(self):
+            return self._loop
+
+    async def call(made):
+        loop = asyncio.get_running_loop()
+        box = {}
+
+        async def work():
+            if case == "cancelled once done":  # future().cancel() before the task's outcome reaches it
+                loop.call_soon(lambda: box["future"].future().cancel())
+                return "ok"
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                if case == "a cancel swallowed":
+                    return "swallowed"
+                await asyncio.sleep(1.0)  # an asynchronous clean-up
+                raise
+
+        future = box["future"] = made(Holder(loop), work())
+        start = time.perf_counter()
+        try:
+            outcome = await asyncio.wait_for(future, None if case == "cancelled once done" else 0.1)
+        except BaseException as exc:  # CancelledError too: an outcome compared
+            outcome = type(exc).__name__
+        waited = time.perf_counter() - start
+        await asyncio.sleep(1.2)  # the task's clean-up ends
+        return outcome, waited < 0.6, future.future().cancelled()
+
+    got = {name: asyncio.run(call(made)) for name, made in
+           (("stock", original), ("ours", futures.make_run_coroutine_threadsafe(original)))}
+    assert got["stock"][1] and got["stock"][0] in ("TimeoutError", "CancelledError"), got
+    assert got["ours"] == got["stock"]
+
+
 def test_the_probe_refuses_request_futures_that_differ_from_tinkers():
     from tinker.lib.internal_client_holder import InternalClientHolder
 

@@ -19,12 +19,13 @@ those added after at once, so nothing sees the list again; the cycle is
 gone and the call's objects are freed as its caller drops them.
 
 A call made on tinker's own loop (``_APIFuture`` starts its polling loop so,
-once per request) skips the hop: the coroutine becomes a task at once
+once per request) skips the hops: the coroutine becomes a task at once
 rather than through ``call_soon_threadsafe`` and a wake of the loop it is
-already on, and awaiting the future there awaits that task rather than a
-second future chained across ``call_soon_threadsafe``. The concurrent
-future is chained from the task as tinker's is, for ``result()``,
-``future()`` and callers on other loops.
+already on, and a caller awaiting it there gets the future's outcome from
+the task's done callback rather than through ``call_soon_threadsafe``
+(what ``asyncio.wrap_future`` would do): the same outcome, the same
+cancellation both ways. The concurrent future is chained from the task as
+tinker's is, for ``result()``, ``future()`` and callers on other loops.
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ def make_run_coroutine_threadsafe(original: Callable[..., Any]) -> Callable[...,
             self._task = task
 
         def __await__(self) -> Any:
-            if asyncio._get_running_loop() is self._task.get_loop():
-                return (yield from self._task)
+            loop = self._task.get_loop()
+            if asyncio._get_running_loop() is loop:
+                return (yield from _waiter(loop, self._future, self._task))
             return (yield from super().__await__())
 
     @functools.wraps(original)
@@ -76,6 +78,38 @@ def make_run_coroutine_threadsafe(original: Callable[..., Any]) -> Callable[...,
         return awaitable
 
     return run_coroutine_threadsafe
+
+
+def _waiter(loop: asyncio.AbstractEventLoop, future: Future, task: asyncio.Task) -> asyncio.Future:
+    """What ``asyncio.wrap_future(future)`` gives a caller on ``loop`` (the
+    task's), without its wake when the task ends: ``future``'s outcome, set
+    from the task's done callback (its chain to ``future`` runs first:
+    added first), and from another thread only when ``future`` is cancelled
+    there; cancelled, it cancels ``future`` (and so the task), as
+    ``wrap_future``'s does."""
+    waiter = loop.create_future()
+
+    def task_done(_: asyncio.Task) -> None:
+        if future.done() and not waiter.done():
+            asyncio.futures._copy_future_state(future, waiter)  # type: ignore[attr-defined]
+
+    def future_done(_: Future) -> None:
+        if future.cancelled() and not loop.is_closed():
+            loop.call_soon_threadsafe(_cancel, waiter)
+
+    def waiter_done(_: asyncio.Future) -> None:
+        if waiter.cancelled():
+            future.cancel()
+
+    task.add_done_callback(task_done)
+    future.add_done_callback(future_done)
+    waiter.add_done_callback(waiter_done)
+    return waiter
+
+
+def _cancel(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.cancel()
 
 
 class _Holder:
@@ -151,6 +185,28 @@ async def _on_its_loop(original: Callable[..., Any], ours: Callable[..., Any], h
     check(inner.done() and not inner._done_callbacks, "the future's callbacks were kept")  # type: ignore[attr-defined]
     error = inner.exception()
     check((inner.result() if error is None else error) is outcomes[0], "the future's outcome differs")
+    timed_out = [await _timed_out(made, holder) for made in (original, ours)]
+    check(timed_out[1] == timed_out[0], f"timed out on tinker's loop: {timed_out[1]} from ours, {timed_out[0]} from tinker's")
+
+
+async def _timed_out(made: Callable[..., Any], holder: _Holder) -> tuple[Any, bool]:
+    """What a caller on the holder's loop gets when its wait times out and
+    the call swallows the cancel, and whether ``future()`` is cancelled."""
+
+    async def swallows() -> str:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return "swallowed"
+        return "slept"
+
+    future = made(holder, swallows())
+    try:
+        got: Any = await asyncio.wait_for(future, 0.01)
+    except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+        got = type(exc)
+    await asyncio.sleep(0)  # the cancel reaches the task
+    return got, future.future().cancelled()
 
 
 def _callbacks_run_once() -> bool:
