@@ -480,13 +480,6 @@ def test_a_future_awaited_on_tinkers_loop_is_cancelled_as_tinkers(case):
 
     original = InternalClientHolder.run_coroutine_threadsafe
 
-    class Holder:
-        def __init__(self, loop):
-            self._loop = loop
-
-        def get_loop(self):
-            return self._loop
-
     async def call(made):
         loop = asyncio.get_running_loop()
         box = {}
@@ -503,7 +496,7 @@ def test_a_future_awaited_on_tinkers_loop_is_cancelled_as_tinkers(case):
                 await asyncio.sleep(1.0)  # an asynchronous clean-up
                 raise
 
-        future = box["future"] = made(Holder(loop), work())
+        future = box["future"] = made(futures._Holder(loop), work())
         start = time.perf_counter()
         try:
             outcome = await asyncio.wait_for(future, None if case == "cancelled once done" else 0.1)

@@ -49,7 +49,7 @@ def make_run_coroutine_threadsafe(original: Callable[..., Any]) -> Callable[...,
 
     class OnItsLoop(AwaitableConcurrentFuture):  # type: ignore[misc, valid-type]
         """tinker's future of a call made on tinker's own loop: awaited
-        there, its task is awaited."""
+        there, through :func:`_waiter` (no wake)."""
 
         def __init__(self, future: Future, task: asyncio.Task) -> None:
             super().__init__(future)
@@ -95,7 +95,7 @@ def _waiter(loop: asyncio.AbstractEventLoop, future: Future, task: asyncio.Task)
 
     def future_done(_: Future) -> None:
         if future.cancelled() and not loop.is_closed():
-            loop.call_soon_threadsafe(_cancel, waiter)
+            loop.call_soon_threadsafe(waiter.cancel)  # (a no-op once it is done)
 
     def waiter_done(_: asyncio.Future) -> None:
         if waiter.cancelled():
@@ -105,11 +105,6 @@ def _waiter(loop: asyncio.AbstractEventLoop, future: Future, task: asyncio.Task)
     future.add_done_callback(future_done)
     waiter.add_done_callback(waiter_done)
     return waiter
-
-
-def _cancel(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.cancel()
 
 
 class _Holder:
