@@ -437,7 +437,6 @@ async def _send(
     max_retries = options.get("max_retries", client.max_retries)
     buffered = lane.buffered(lane.adapter._transport)
     loop = asyncio.get_running_loop()
-    input_options = None
 
     async def processed(full: Any, retries_taken: int) -> Any:
         """tinker's own reading of a response (raw, a cookie, an encoding)."""
@@ -448,6 +447,15 @@ async def _send(
             stream=False,
             stream_cls=None,
             retries_taken=retries_taken,
+        )
+
+    async def sleep_for_retry(retries_taken: int, full: Any) -> None:
+        """tinker's backoff before the next attempt (its options made only then)."""
+        await client._sleep_for_retry(
+            retries_taken=retries_taken,
+            max_retries=max_retries,
+            options=_request_options(path, body, options, idempotency),
+            response=full,
         )
 
     for retries_taken in range(max_retries + 1):
@@ -475,10 +483,7 @@ async def _send(
                 raise error
             except Exception:
                 if remaining > 0:
-                    input_options = input_options or _request_options(path, body, options, idempotency)
-                    await client._sleep_for_retry(
-                        retries_taken=retries_taken, max_retries=max_retries, options=input_options, response=None
-                    )
+                    await sleep_for_retry(retries_taken, None)
                     continue
                 if isinstance(error, httpx.TimeoutException):
                     raise _exceptions.APITimeoutError(request=sent) from error
@@ -504,10 +509,7 @@ async def _send(
             full.raise_for_status()
         except httpx.HTTPStatusError:
             if remaining > 0 and client._should_retry(full):
-                input_options = input_options or _request_options(path, body, options, idempotency)
-                await client._sleep_for_retry(
-                    retries_taken=retries_taken, max_retries=max_retries, options=input_options, response=full
-                )
+                await sleep_for_retry(retries_taken, full)
                 continue
             from tinker._base_client import _log_deprecation_note
 
