@@ -537,6 +537,30 @@ def test_the_probe_refuses_request_futures_that_differ_from_tinkers():
         futures.probe_run_coroutine_threadsafe(original, original)
 
 
+def test_the_probe_refuses_a_call_on_tinkers_loop_that_never_ends_and_leaves_nothing_pending(monkeypatch, caplog):
+    from tinker.lib.internal_client_holder import InternalClientHolder
+
+    from tinker_rl_data.errors import ProbeFailed
+    from tinker_rl_data.tinker import futures
+
+    original = InternalClientHolder.run_coroutine_threadsafe
+    ours = futures.make_run_coroutine_threadsafe(original)
+
+    def hangs_on_its_loop(holder, coro):
+        if asyncio._get_running_loop() is holder.get_loop():
+            coro.close()
+            return ours(holder, asyncio.sleep(3600))
+        return ours(holder, coro)
+
+    monkeypatch.setattr(futures, "_PROBE_WAIT", 0.5)
+    threads = set(threading.enumerate())
+    with pytest.raises(ProbeFailed, match="did not finish in 0.5 s"):
+        futures.probe_run_coroutine_threadsafe(original, hangs_on_its_loop)
+    gc.collect()  # a pending task of a closed loop logs as it is destroyed
+    assert not [r.getMessage() for r in caplog.records if "destroyed but it is pending" in r.getMessage()]
+    assert set(threading.enumerate()) == threads
+
+
 # --------------------------------------------------------------------------
 # Child processes: one variant each
 

@@ -155,11 +155,30 @@ def probe_run_coroutine_threadsafe(original: Callable[..., Any], ours: Callable[
                 check(got is result, f"the future's outcome is {got!r}, not {result!r}")
             check(ran.wait(10) and seen == ["added"], "a callback added to tinker's future did not run once")
             check(not inner._done_callbacks, "tinker's future kept its callbacks")  # type: ignore[attr-defined]
-            asyncio.run_coroutine_threadsafe(_on_its_loop(original, ours, holder, call), loop).result(10)
+            on_its_loop = asyncio.run_coroutine_threadsafe(_on_its_loop(original, ours, holder, call), loop)
+            try:
+                on_its_loop.result(_PROBE_WAIT)
+            except TimeoutError:
+                on_its_loop.cancel()
+                check(False, f"a call awaited on tinker's loop did not finish in {_PROBE_WAIT} s")
     finally:
+        asyncio.run_coroutine_threadsafe(_cancel_the_rest(), loop).result(_PROBE_WAIT)
         loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+        thread.join(_PROBE_WAIT)
         loop.close()
+
+
+_PROBE_WAIT = 10  # seconds: the probe's calls answer at once
+
+
+async def _cancel_the_rest() -> None:
+    """Cancels what a refused function left running on the probe's loop
+    (so closing the loop destroys no pending task)."""
+    rest = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in rest:
+        task.cancel()
+    if rest:
+        await asyncio.wait(rest, timeout=_PROBE_WAIT)
 
 
 async def _on_its_loop(original: Callable[..., Any], ours: Callable[..., Any], holder: _Holder, call: Any) -> None:
