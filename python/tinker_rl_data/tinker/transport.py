@@ -23,7 +23,9 @@ client over it, one await), with the rest made once:
   ``_sleep_for_retry`` backoff, its exception classes with ``.request``,
   ``.response``, ``.body`` built by its own methods (the httpx objects are
   made only then), the adapter's mapping of pyqwest's errors, one deadline
-  over the exchange as the adapter's.
+  over the exchange as the adapter's; a redirect the transport answers
+  (one whose Location pyqwest could not use) followed by httpx's own code,
+  as tinker's httpx client follows it.
 - the answer parsed by the client's own ``_process_response_data`` (an
   ``AsyncAPIResponse`` where tinker returns one: ``with_raw_response``).
 
@@ -41,11 +43,14 @@ A request goes to tinker's own ``post`` unless the client is one ours
 reproduces: tinker's default httpx client over ``AsyncPyqwestTransport``,
 no mounted or environment proxy, no event hooks, no cookies, a static API
 key (not a JWT, not a credential command), the base methods of
-``AsyncAPIClient`` for building and sending, asyncio, and no debug logging
-of tinker or info logging of httpx (their log lines are tinker's). Cookies,
-logging and the transport are checked per request (the server can set a
-cookie; the server's ``use_pyqwest_transport`` flag picks the transport
-per client). The install probe (:func:`probe_post`) sends the same calls
+``AsyncAPIClient`` and ``httpx.AsyncClient`` for building and sending (on
+the class and on the instance), asyncio, and no debug logging of tinker or
+info logging of httpx (their log lines are tinker's). Cookies, hooks, the
+instance's methods, logging and the transport are checked per request (the
+server can set a cookie; the server's ``use_pyqwest_transport`` flag picks
+the transport per client); a change to the client's defaults (tinker's or
+its httpx client's headers and query, its timeout, also changed in place)
+drops the templates made before it. The install probe (:func:`probe_post`) sends the same calls
 through tinker's ``post`` and ours on two clients whose transport records
 instead of sending, and compares the requests and what the callers get
 (answers, HTTP errors, connection errors, timeouts, a retried 5xx).
@@ -109,7 +114,6 @@ class _Lane:
         self.adapter = adapter
         self.auth = auth
         self.token = token
-        self.timeout = client.timeout
         self.base_url = client._base_url
         self.custom = _kept(_custom(client))
         self.own_keys = type(client)._idempotency_key is _base_idempotency_key()
@@ -181,14 +185,17 @@ class _Lane:
             and self.auth._token == self.token
             and not http.is_closed
             and not http.cookies
+            and not any(http._event_hooks.values())
+            and client.__dict__.keys().isdisjoint(_REPLACED_CLIENT)
+            and http.__dict__.keys().isdisjoint(_REPLACED_HTTPX)
             and not _tinker_log.isEnabledFor(logging.DEBUG)
             and not _httpx_log.isEnabledFor(logging.INFO)
             and _OPTIONS.issuperset(options)
         ):
             return False
         custom = _custom(client)
-        if client.timeout is not self.timeout or client._base_url is not self.base_url or custom != self.custom:
-            self.timeout, self.base_url, self.custom = client.timeout, client._base_url, _kept(custom)
+        if client._base_url is not self.base_url or custom != self.custom:
+            self.base_url, self.custom = client._base_url, _kept(custom)
             self.templates.clear()
         headers = options.get("headers")
         if headers is not None:
@@ -204,7 +211,8 @@ class _Lane:
     async def template(self, client: Any, path: str, names: tuple[str, ...], options: Any) -> _Template | None:
         """The template for this shape (made on first use), or None when
         tinker's request for it is not one ours sends."""
-        key = (path, names, options.get("timeout", _UNSET), _sdk_method())
+        timeout = options.get("timeout", _UNSET)
+        key = (path, names, timeout, type(timeout), _sdk_method())  # (45 and 45.0: two headers)
         try:
             return self.templates[key]
         except KeyError:
@@ -219,9 +227,36 @@ _UNSET = object()
 
 
 def _custom(client: Any) -> tuple[Any, ...]:
-    """The client's own default headers and query as they are now (a
-    template holds them: one made before a change is dropped)."""
-    return tuple(client._custom_headers.items()), tuple(client._custom_query.items())
+    """What a template holds of the client's defaults, as they are now
+    (one made before a change is dropped): tinker's default headers, query
+    and timeout (an ``httpx.Timeout`` changes in place), its httpx client's
+    headers and query."""
+    timeout = client.timeout
+    http = client._client
+    return (
+        tuple(client._custom_headers.items()),
+        tuple(client._custom_query.items()),
+        (timeout.connect, timeout.read, timeout.write, timeout.pool) if type(timeout) is _httpx_timeout() else timeout,
+        tuple(http.headers.raw),
+        http.params,
+    )
+
+
+@functools.cache
+def _httpx_timeout() -> type:
+    import httpx
+
+    return httpx.Timeout
+
+
+# Methods ours does the work of: overridden on a client instance, tinker's
+# post sends the request (on the class: the lane is not opened).
+_REPLACED_CLIENT = frozenset(
+    {"request", "_prepare_options", "_prepare_request", "_build_request", "_build_headers", "_idempotency_key"}
+)
+_REPLACED_HTTPX = frozenset(
+    {"send", "build_request", "_send_handling_auth", "_send_handling_redirects", "_send_single_request"}
+)
 
 
 def _kept(custom: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -476,6 +511,8 @@ async def _send(
             # httpx's send reads (and decodes) the body inside tinker's try: a
             # body that does not decode is a connection error there too.
             full = None if plain else _httpx_response(client, template, values, content, response, data, start)
+            if full is not None and full.has_redirect_location and http.follow_redirects:
+                full = await _follow(http, full)  # pyqwest left it (a Location it could not use): httpx follows
         except Exception as exc:
             sent = _httpx_request(client, template, values, content)
             error = _as_httpx_error(exc, sent)
@@ -592,6 +629,20 @@ def _httpx_response(
     full.read()
     full.elapsed = timedelta(seconds=time.perf_counter() - start)
     return full
+
+
+async def _follow(http: Any, first: Any) -> Any:
+    """What tinker's httpx client does with a redirect its transport
+    answered: follows it, by its own code (through tinker's adapter), the
+    answer read, as ``httpx.AsyncClient.send`` does."""
+    request = http._build_redirect_request(first.request, first)
+    final = await http._send_handling_redirects(request, follow_redirects=True, history=[first])
+    try:
+        await final.aread()
+    except BaseException:
+        await final.aclose()
+        raise
+    return final
 
 
 def _trailers(response: Any) -> Any:
@@ -907,6 +958,7 @@ def _probe_cases() -> list[tuple[str, Callable[[Any], Any], list[Any]]]:
     failed = (500, [("content-type", "application/json"), ("retry-after-ms", "1")], b'{"error": "x"}')
     empty400 = (400, [("content-length", "0")], b"")
     undecodable = (200, [("content-type", "application/json"), ("content-encoding", "deflate")], b"not deflate")
+    moved = (307, [("location", "/api/v1/asample-moved")], b"")
 
     def asample(client: Any, retries: int = 0) -> Any:
         return client.sampling.asample(
@@ -957,6 +1009,8 @@ def _probe_cases() -> list[tuple[str, Callable[[Any], Any], list[Any]]]:
         ("a connection error", asample, [ConnectionError("refused")]),
         ("a timeout", asample, [TimeoutError("timed out")]),
         ("a reset stream", asample, [pyqwest.ReadError("reset")]),
+        ("a redirect its transport answered", asample, [moved, future]),  # (httpx follows it)
+        ("a redirect to a bad Location", asample, [(307, [("location", "http://[::1")], b"")]),
         ("an answer that does not decode", asample, [undecodable]),  # (retried, tinker sleeps ~0.5 s: a test's)
     ]
 
