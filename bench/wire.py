@@ -80,7 +80,7 @@ def cookbook_shaped(groups) -> list:
                         ob=tinker.ModelInput.from_ints(list(turn.prompt_tokens)),
                         ac=SimpleNamespace(
                             tokens=list(turn.completion_tokens),
-                            maybe_logprobs=list(turn.logprobs),
+                            logprobs=list(turn.logprobs),
                             sequence_id=f"seq-{g}-{t}-{u}",
                         ),
                         reward=0.0,

@@ -767,7 +767,7 @@ class Ac:  # a cookbook action whose tokens property arms it
         return self._tokens
 
     @property
-    def maybe_logprobs(self):  # Python code run after the tokens were read (see Half)
+    def logprobs(self):  # Python code run after the tokens were read (see Half)
         keep.append(Slot())
         gc.collect()  # (whether the allocations above set one off depends on the heap's counts)
         return [-0.5] * 4
@@ -775,7 +775,7 @@ class Ac:  # a cookbook action whose tokens property arms it
 class Half:  # a logprob read after the tokens: Python code that allocates, where from 3.12 on a collection runs
     def __float__(self):
         keep.append(Slot())
-        gc.collect()  # (as in Ac.maybe_logprobs)
+        gc.collect()  # (as in Ac.logprobs)
         return -0.5
 
 class Transition:

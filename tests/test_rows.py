@@ -136,7 +136,7 @@ class _Toggling:
 class _TogglingAction:
     """A cookbook action whose tokens property sets the GC to `to`."""
 
-    maybe_logprobs, sequence_id = [-0.5, -0.5], None
+    logprobs, sequence_id = [-0.5, -0.5], None
 
     def __init__(self, to: bool) -> None:
         self.to = to

@@ -207,13 +207,13 @@ def _cookbook_probe_batch() -> list[Any]:
     image = ImageChunk(data=b"probe", format="png", expected_tokens=2)
     first = _Probe(
         ob=ModelInput(chunks=[EncodedTextChunk(tokens=[1, 2]), image, EncodedTextChunk(tokens=[3])]),
-        ac=_Probe(tokens=[4, 5], maybe_logprobs=[-0.5, -0.25], sequence_id="s0"),
+        ac=_Probe(tokens=[4, 5], maybe_logprobs=[-0.5, -0.25], logprobs=[-0.5, -0.25], sequence_id="s0"),
         reward=0.0,
         metrics={},
     )
     second = _Probe(
         ob=ModelInput(chunks=[EncodedTextChunk(tokens=[1, 2]), image, EncodedTextChunk(tokens=[3, 4, 5, 6])]),
-        ac=_Probe(tokens=[7], maybe_logprobs=[-1.0], sequence_id="s1"),
+        ac=_Probe(tokens=[7], maybe_logprobs=[-1.0], logprobs=[-1.0], sequence_id="s1"),
         reward=1.0,
         metrics={},
     )

@@ -348,6 +348,24 @@ def step(observation, tokens, logprobs="default", sequence_id="s", metrics=None)
     )
 
 
+class DoubledLogprobs(TokensWithLogprobs):
+    """A subclass's own reading of its logprobs (the cookbook reads ``.logprobs``)."""
+
+    @property
+    def logprobs(self):
+        return [2 * x for x in self.maybe_logprobs]
+
+
+class ZeroLogprobsWhenMissing(TokensWithLogprobs):
+    @property
+    def logprobs(self):
+        return [0.0] * len(self.tokens) if self.maybe_logprobs is None else self.maybe_logprobs
+
+
+def acted(observation, action):
+    return Transition(ob=observation, ac=action, reward=0.0, episode_done=False, metrics={})
+
+
 CASES = {
     # A Datum whose positions after the first are all observation: int64 advantages, no provenance.
     "all_observation": [step(ob(text(1, 2, 3)), [])],
@@ -392,6 +410,10 @@ CASES = {
     # A zero-width image first: the first action token is position 0, no target.
     "zero_width_image_then_the_first_action": [step(ob(image(0)), [6]), step(ob(image(0), text(6, 7)), [])],
     "chunk_repeats_then_ends_short": [step(ob(text(1, 2)), [3, 4]), step(ob(text(1, 2, 3)), [9])],
+    "a_subclasss_own_logprobs": [acted(ob(text(5)), DoubledLogprobs(tokens=[6, 7], maybe_logprobs=[-1.0, -2.0]))],
+    "a_subclasss_logprobs_where_none_are_sampled": [
+        acted(ob(text(5)), ZeroLogprobsWhenMissing(tokens=[6, 7], maybe_logprobs=None))
+    ],
 }
 
 

@@ -131,7 +131,7 @@ def _cookbook_trajectory(turns, as_arrays: bool):
         transitions.append(
             NS(
                 ob=tinker.ModelInput(chunks=[chunk]),
-                ac=NS(tokens=completion, maybe_logprobs=logprobs, sequence_id="s"),
+                ac=NS(tokens=completion, logprobs=logprobs, sequence_id="s"),  # (what the cookbook reads)
                 reward=0.0,
                 metrics={},
             )

@@ -244,6 +244,10 @@ class Action:  # tinker-cookbook's TokensWithLogprobs, read by attribute
     maybe_logprobs: list | None
     sequence_id: str | None = None
 
+    @property
+    def logprobs(self) -> list | None:
+        return self.maybe_logprobs
+
 
 @dataclass
 class Transition:

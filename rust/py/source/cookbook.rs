@@ -1,6 +1,6 @@
 //! The tinker-cookbook front door: groups (`trajectories_G`) of trajectories
 //! (`transitions`) of transitions (`ob`, a `tinker.ModelInput`; `ac` with
-//! `tokens`, `maybe_logprobs`, `sequence_id`; `metrics`), read one
+//! `tokens`, `logprobs`, `sequence_id`; `metrics`), read one
 //! trajectory at a time and assembled as tinker-cookbook 0.6.1's
 //! `rl.data_processing` does: rows merged while each observation extends
 //! the sequence so far, `mask`, parse-error masking, provenance spans, and
@@ -149,15 +149,27 @@ impl<'py> Cookbook<'py> {
             out.ints
                 .read(&tokens, "ac.tokens", MAX_TOKEN + 1, at, Role::Completion, elements)?;
             let n_tokens = tokens.len();
-            let logprobs = match ac.getattr_opt(intern!(py, "maybe_logprobs"))? {
-                Some(l) => l,
-                None => attr(&ac, intern!(py, "logprobs"), at)?,
+            // The cookbook reads `ac.logprobs`: its class's property gives
+            // `maybe_logprobs` or raises when that is None; a subclass or
+            // another type may give something else.
+            let logprobs = match ac.getattr(intern!(py, "logprobs")) {
+                Ok(l) => l,
+                Err(err) => match ac.getattr_opt(intern!(py, "maybe_logprobs"))? {
+                    Some(m) if m.is_none() => {
+                        return Err(located(
+                            ErrorKind::Validation,
+                            at,
+                            "logprobs are not available (ac.maybe_logprobs is None)",
+                        ))
+                    }
+                    _ => return Err(err),
+                },
             };
             if logprobs.is_none() {
                 return Err(located(
                     ErrorKind::Validation,
                     at,
-                    "logprobs are not available (ac.maybe_logprobs is None)",
+                    "logprobs are not available (ac.logprobs is None)",
                 ));
             }
             let logprobs = Items::of(&logprobs, "ac.logprobs", ItemKind::Real, at)?;
