@@ -490,6 +490,42 @@ def test_a_forked_child_reads_its_own_rss():
     assert out["after_exit"] > 0
 
 
+FORKED_IN_A_STEP = textwrap.dedent(
+    """
+    import gc, json, os
+    from tinker_rl_data.cookbook import gc_step
+
+    gc.set_threshold(1500, 7, 3)
+    before = [gc.isenabled(), list(gc.get_threshold()), len(gc.callbacks)]
+    collector = gc_step.StepCollector(young=100)
+    for hold in ("loop", "held step"):
+        collector.loop_started() if hold == "loop" else collector.step_held()
+        inside = list(gc.get_threshold())
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a pool's worker, forked inside the step
+            state = [gc.isenabled(), list(gc.get_threshold()), len(gc.callbacks), collector.active]
+            os.write(write, json.dumps(state).encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        child = json.loads(os.read(read, 4096))
+        still = [list(gc.get_threshold()), collector.active]  # the parent's step goes on
+        collector.loop_ended() if hold == "loop" else collector.step_released()
+        print(json.dumps({"hold": hold, "before": before, "inside": inside, "child": child, "parent": still}))
+    """
+)
+
+
+def test_a_process_forked_inside_a_step_has_the_programs_collector():
+    proc = subprocess.run([sys.executable, "-c", FORKED_IN_A_STEP], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for line in proc.stdout.strip().splitlines():
+        out = json.loads(line)
+        assert out["inside"][1:] == [2**30, 2**30], out  # the step's policy, in the parent
+        assert out["child"] == [*out["before"], False], out  # not in the step: the program's collector
+        assert out["parent"] == [out["inside"], True], out
+
+
 def test_a_failed_rss_read_ends_the_bound_quietly():
     def gone() -> int:
         raise ProcessLookupError(3, "No such process")

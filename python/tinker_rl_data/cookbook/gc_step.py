@@ -107,6 +107,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -279,6 +280,7 @@ class StepCollector:
         self._by_survivors = False  # the armed early collection is the survivors' bound's
         self._loop: asyncio.AbstractEventLoop | None = None
         self._configure(young, headroom, min_headroom, max_rss_growth, max_tracked, freeze, survivors_fraction)
+        _collectors.add(self)
 
     def _configure(
         self,
@@ -666,6 +668,26 @@ def _survivors() -> int:
     (the older generations are collected only in full: thresholds never)."""
     return len(gc.get_objects(generation=1))
 
+
+# Every collector, for the fork hook below.
+_collectors: weakref.WeakSet[StepCollector] = weakref.WeakSet()
+
+
+def _forked_child() -> None:
+    """A process forked inside a step (a pool made in a rollout, a grader's
+    worker) is not in that step: none of its ends or guard's collections
+    (on the parent's event loop) come there. Its collector is the
+    program's again (thresholds, enabled, callbacks); the setup's freeze
+    stays (those objects were live, and a frozen heap is what a fork
+    wants)."""
+    for collector in list(_collectors):
+        collector._lock = threading.RLock()  # a thread of the parent may have held it
+        if collector._depth:
+            collector._depth = 0
+            collector._put_back(unfreeze=False)
+
+
+os.register_at_fork(after_in_child=_forked_child)
 
 #: The collector ``cookbook.install()`` (``gc=True``, the default) holds to the step.
 COLLECTOR = StepCollector()
