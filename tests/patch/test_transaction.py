@@ -440,16 +440,19 @@ def test_the_launcher_installs_then_runs_a_module_with_its_arguments(tmp_path):
     (tmp_path / "recipe_probe.py").write_text(
         textwrap.dedent(
             """
+            import builtins
             import sys
+            import recipe_helper  # a sibling: the current directory (-m) or the script's (python script.py)
             import tinker_rl_data
             from tinker_cookbook.rl import data_processing
-            assert __name__ == "__main__"
+            assert __name__ == "__main__" and __builtins__ is builtins  # (as under python)
             assert data_processing.assemble_training_data.__module__.startswith("tinker_rl_data.")
             print("argv", sys.argv[1:], len(tinker_rl_data.status().installed))
             """
         )
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    (tmp_path / "recipe_helper.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the module found as python -m finds it
     args = ["-m", "recipe_probe", "model_name=x", "--flag", "-m"]
     console = Path(sys.executable).parent / "tinker-rl-data"
     if not console.exists() and os.environ.get("CI"):
@@ -464,7 +467,7 @@ def test_the_launcher_installs_then_runs_a_module_with_its_arguments(tmp_path):
     # The KL pieces go in by default (counted above); --no-kl leaves them.
     script = tmp_path / "recipe_probe.py"
     done = subprocess.run(
-        [sys.executable, "-m", "tinker_rl_data", "run", "--no-kl", str(script), "a"], capture_output=True, text=True
+        [sys.executable, "-m", "tinker_rl_data", "run", "--no-kl", str(script), "a"], capture_output=True, text=True, env=env
     )
     # (tinker-cookbook 0.5.x has no KL pieces to leave: the counts are equal there.)
     without_kl = len([p for p in PRESENT if p[3] != "kl"])

@@ -10,6 +10,8 @@ Two spellings, one function::
 
 from __future__ import annotations
 
+import builtins
+import os
 import runpy
 import sys
 from typing import Any, Callable, Sequence
@@ -83,9 +85,29 @@ def main(argv: list[str] | None, catalog: Sequence[Feature], install: Callable[.
     if args[0] == "-m":
         module, rest = args[1], args[2:]
         sys.argv = [module, *rest]
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        _first_path(os.getcwd())
+        runpy.run_module(module, init_globals=_MAIN_GLOBALS, run_name="__main__", alter_sys=True)
     else:
         script, rest = args[0], args[1:]
         sys.argv = [script, *rest]
-        runpy.run_path(script, run_name="__main__")
+        _first_path(os.path.dirname(os.path.realpath(script)))
+        runpy.run_path(script, init_globals=_MAIN_GLOBALS, run_name="__main__")
     return 0
+
+
+# What ``__main__`` holds before its code runs, as with python: the
+# builtins module (exec alone would put in its dict).
+_MAIN_GLOBALS = {"__builtins__": builtins}
+
+
+def _first_path(entry: str) -> None:
+    """``sys.path[0]`` as ``python -m module`` (the current directory) or
+    ``python script.py`` (the script's directory) sets it, in place of the
+    launcher's own (the console script's directory): a recipe's sibling
+    modules import as without the launcher. Nothing under ``-P``."""
+    if sys.flags.safe_path:
+        return
+    if sys.path:
+        sys.path[0] = entry
+    else:
+        sys.path.insert(0, entry)
