@@ -243,7 +243,7 @@ def _custom(client: Any) -> tuple[Any, ...]:
 
 
 @functools.cache
-def _httpx_timeout() -> type:
+def _httpx_timeout() -> Any:
     import httpx
 
     return httpx.Timeout
