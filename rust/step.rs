@@ -229,9 +229,9 @@ impl GroupKind {
     }
 }
 
-/// Per-key sums of metric values (tinker-cookbook's `dict_mean`), the keys
-/// (small dense ids given by the caller: 0, 1, 2, ...) in the order they
-/// first appear.
+/// Per-key metric values (tinker-cookbook's `dict_mean`), the keys (small
+/// dense ids given by the caller: 0, 1, 2, ...) in the order they first
+/// appear, each key's values in the order `dict_mean` lists them.
 #[derive(Clone, Debug, Default)]
 pub struct KeyedSums {
     entries: Vec<KeyTotal>,
@@ -240,25 +240,30 @@ pub struct KeyedSums {
     index: Vec<u32>,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct KeyTotal {
     key: usize,
-    sum: Sum,
-    count: u64,
+    values: Vec<f64>,
+    /// Every value a Python number (or a float subclass): numpy averages
+    /// them as float64, and so does [`numpy_mean`], to the bit. Else (a
+    /// float32 or other numpy scalar among them, whose promotion numpy
+    /// decides) an accurate float64 mean.
+    as_numpy: bool,
 }
 
 impl KeyedSums {
-    pub fn add(&mut self, key: usize, value: f64) {
+    /// `as_numpy`: the value was a Python number or a float subclass.
+    pub fn add(&mut self, key: usize, value: f64, as_numpy: bool) {
         let entry = self.entry(key);
-        entry.sum.add(value);
-        entry.count += 1;
+        entry.values.push(value);
+        entry.as_numpy &= as_numpy;
     }
 
     fn merge(&mut self, other: &KeyedSums) {
         for e in &other.entries {
             let entry = self.entry(e.key);
-            entry.sum.merge(e.sum);
-            entry.count += e.count;
+            entry.values.extend_from_slice(&e.values);
+            entry.as_numpy &= e.as_numpy;
         }
     }
 
@@ -270,8 +275,8 @@ impl KeyedSums {
             0 => {
                 self.entries.push(KeyTotal {
                     key,
-                    sum: Sum::default(),
-                    count: 0,
+                    values: Vec::new(),
+                    as_numpy: true,
                 });
                 self.index[key] = u32::try_from(self.entries.len()).expect("fewer than 2**32 metric keys");
                 self.entries.len() - 1
@@ -283,7 +288,14 @@ impl KeyedSums {
 
     /// `(key, mean)` in order of first appearance.
     pub fn means(&self) -> impl Iterator<Item = (usize, f64)> + '_ {
-        self.entries.iter().map(|e| (e.key, e.sum.value() / e.count as f64))
+        self.entries.iter().map(|e| {
+            let mean = if e.as_numpy {
+                numpy_mean(&e.values)
+            } else {
+                crate::advantages::mean(&e.values)
+            };
+            (e.key, mean)
+        })
     }
 }
 
@@ -299,19 +311,14 @@ pub struct GroupStats {
     /// transition of a summary before any trajectory) its `metrics_G`.
     pub transition_metrics: KeyedSums,
     pub trajectory_metrics: KeyedSums,
-    rewards: Sum,
-    n_rewards: i64,
+    rewards: Vec<f64>,
     kind: Option<GroupKind>,
 }
 
 impl GroupStats {
     /// The group's total rewards, one per trajectory.
     pub fn set_rewards(&mut self, totals: &[f64]) {
-        self.rewards = Sum::default();
-        for &r in totals {
-            self.rewards.add(r);
-        }
-        self.n_rewards = totals.len() as i64;
+        self.rewards = totals.to_vec();
         self.kind = GroupKind::of(totals);
     }
 }
@@ -332,6 +339,38 @@ pub struct Summary {
     pub frac_mixed: f64,
     pub frac_all_good: f64,
     pub frac_all_bad: f64,
+}
+
+/// `float(np.mean(values))` of a non-empty list of Python floats and ints
+/// (below 2**53) to the bit: numpy's reduction adds the values' pairwise
+/// sum to its identity, 0.0, and divides by the count.
+pub fn numpy_mean(values: &[f64]) -> f64 {
+    (0.0 + numpy_pairwise_sum(values)) / values.len() as f64
+}
+
+/// numpy's pairwise summation (`pairwise_sum` of its add loops), in its
+/// order: under 8 values one by one from -0.0; up to 128, eight running
+/// sums combined as a tree, then the rest one by one; above, the two halves
+/// (the first a multiple of 8) summed alike and added.
+pub fn numpy_pairwise_sum(a: &[f64]) -> f64 {
+    let n = a.len();
+    if n < 8 {
+        a.iter().fold(-0.0, |res, &x| res + x)
+    } else if n <= 128 {
+        let mut r = [a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]];
+        let whole = n - n % 8;
+        for block in a[8..whole].chunks_exact(8) {
+            for (acc, &x) in r.iter_mut().zip(block) {
+                *acc += x;
+            }
+        }
+        let res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        a[whole..].iter().fold(res, |res, &x| res + x)
+    } else {
+        let half = n / 2;
+        let half = half - half % 8;
+        numpy_pairwise_sum(&a[..half]) + numpy_pairwise_sum(&a[half..])
+    }
 }
 
 /// `a / b` as Python's `a / b if b > 0 else 0.0` gives it for ints below 2**53.
@@ -360,8 +399,7 @@ impl Summary {
 /// The summary of `members` (indices into `groups`; a group listed twice
 /// counts twice, as in the cookbook). `None` when a member has no rewards.
 pub fn summarize(groups: &[GroupStats], members: &[usize]) -> Option<Summary> {
-    let mut rewards = Sum::default();
-    let mut n_rewards = 0;
+    let mut rewards = Vec::new();
     let mut metrics = KeyedSums::default();
     let (mut mixed, mut good, mut bad) = (0i64, 0i64, 0i64);
     let mut s = Summary {
@@ -383,8 +421,7 @@ pub fn summarize(groups: &[GroupStats], members: &[usize]) -> Option<Summary> {
         s.ac_tokens += group.ac_tokens;
         s.ob_tokens += group.ob_tokens;
         s.cached_ob_tokens += group.cached_ob_tokens;
-        rewards.merge(group.rewards);
-        n_rewards += group.n_rewards;
+        rewards.extend_from_slice(&group.rewards);
         match group.kind? {
             GroupKind::Mixed => mixed += 1,
             GroupKind::AllGood => good += 1,
@@ -395,8 +432,8 @@ pub fn summarize(groups: &[GroupStats], members: &[usize]) -> Option<Summary> {
     for &g in members {
         metrics.merge(&groups[g].trajectory_metrics);
     }
-    if n_rewards > 0 {
-        s.reward = rewards.value() / n_rewards as f64;
+    if !rewards.is_empty() {
+        s.reward = numpy_mean(&rewards);
     }
     s.metric_means = metrics.means().collect();
     let n_groups = members.len() as i64;
@@ -409,6 +446,19 @@ pub fn summarize(groups: &[GroupStats], members: &[usize]) -> Option<Summary> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numpy_mean_sums_in_numpys_order() {
+        // float(np.mean(xs)) of each, numpy 2.5.5, where math.fsum(xs) / n
+        // and sum(xs) / n give 0.19999999999999998, 1.3013698630136985 and
+        // 6.41095890410959: the three orders (under 8, eight running sums,
+        // halves) each matter.
+        let xs = |n: usize, k: usize| -> Vec<f64> { (0..n).map(|i| ((i * k) % 97) as f64 / 7.3).collect() };
+        assert_eq!(numpy_mean(&[0.1, 0.2, 0.3]), 0.200_000_000_000_000_04);
+        assert_eq!(numpy_mean(&xs(20, 1)), 1.301_369_863_013_699);
+        assert_eq!(numpy_mean(&xs(300, 2)), 6.410_958_904_109_589);
+        assert_eq!(numpy_mean(&[-0.0]).to_bits(), 0.0f64.to_bits());
+    }
 
     fn kl(sampling: &[f32], training: &[f32], mask: &[f32]) -> Option<KlMetrics> {
         let mut sums = KlSums::default();
@@ -503,9 +553,9 @@ mod tests {
             ..GroupStats::default()
         };
         for &k in transition_keys {
-            g.transition_metrics.add(k, k as f64);
+            g.transition_metrics.add(k, k as f64, true);
         }
-        g.trajectory_metrics.add(9, 1.0);
+        g.trajectory_metrics.add(9, 1.0, true);
         g.set_rewards(rewards);
         g
     }

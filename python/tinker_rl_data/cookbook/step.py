@@ -8,10 +8,12 @@
 
 Each reads its input once, in the Rust core (``rust/py/step/``), where the
 cookbook makes a torch tensor or a dataclass per Datum, or reads every group
-again per tag. Keys and integer results are the cookbook's; float metrics
-are accumulated in float64 (the cookbook's KL means are float32 tensor
-means, its other means numpy's float64 ones), so they agree with the
-cookbook's to float32 rounding.
+again per tag. Keys and integer results are the cookbook's; the trajectory
+metrics' means are numpy's float64 ones to the bit (its pairwise order)
+where the values averaged are Python numbers; the KL metrics (the
+cookbook's are float32 tensor means) and means over other numpy scalars
+are accumulated in float64 and agree with the cookbook's to float32
+rounding.
 
 Any input the native pass does not read exactly (objects of other types
 than the cookbook's, a tensor on another device, a case where the cookbook

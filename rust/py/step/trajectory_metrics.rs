@@ -44,14 +44,19 @@ pub struct Reading<'a, 'py> {
 impl<'py> Reading<'_, 'py> {
     /// A metric's value as `np.mean` takes it: a Python or numpy real,
     /// read without running Python code (np.mean calls no `__float__`).
-    fn metric_value(&self, value: &Bound<'py, PyAny>, at: Location) -> PyResult<f64> {
+    /// The value, and whether numpy would average it as a float64 (a Python
+    /// number, a float subclass such as `np.float64`).
+    fn metric_value(&self, value: &Bound<'py, PyAny>, at: Location) -> PyResult<(f64, bool)> {
         if let Some(n) = number(value) {
-            return Ok(n.value);
+            return Ok((n.value, true));
         }
         // A float subclass is read by its stored value, numpy's own scalar
         // types by their C conversion.
-        if value.is_instance_of::<PyFloat>() || self.numpy_scalar(value) {
-            return value.extract();
+        if value.is_instance_of::<PyFloat>() {
+            return Ok((value.extract()?, true));
+        }
+        if self.numpy_scalar(value) {
+            return Ok((value.extract()?, false));
         }
         Err(unsupported(format!("{at}: a metric value is a {}", type_name(value))))
     }
@@ -99,7 +104,8 @@ impl<'py> Reading<'_, 'py> {
         };
         pairs.for_each(metrics.as_any(), quiet, |key, value| {
             if !value.is_none() {
-                sums.add(keys.id(&key)?, self.metric_value(&value, at)?);
+                let (value, as_numpy) = self.metric_value(&value, at)?;
+                sums.add(keys.id(&key)?, value, as_numpy);
             }
             Ok(())
         })
