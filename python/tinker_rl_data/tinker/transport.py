@@ -144,7 +144,7 @@ class _Lane:
     def _open(cls, client: Any) -> _Lane | None:
         import httpx
         from pyqwest.httpx import AsyncPyqwestTransport
-        from tinker._base_client import AsyncAPIClient, BaseClient
+        from tinker._base_client import AsyncAPIClient
         from tinker.lib._auth_token_provider import ApiKeyAuthProvider
 
         http = getattr(client, "_client", None)
@@ -152,25 +152,13 @@ class _Lane:
         cls_ = type(client)
         if not (
             isinstance(http, httpx.AsyncClient)
-            and type(http).send is httpx.AsyncClient.send
-            and type(http).build_request is httpx.AsyncClient.build_request
+            and all(getattr(type(http), name) is getattr(httpx.AsyncClient, name) for name in _REPLACED_HTTPX)
             and type(http._transport) is AsyncPyqwestTransport
             and not http._mounts
-            and not any(http.event_hooks.values())
             and type(auth) is ApiKeyAuthProvider
             and not auth._token.startswith("eyJ")  # a JWT expires: tinker checks it per request
             and client.custom_auth is auth
-            and all(
-                getattr(cls_, name) is getattr(base, name)
-                for base, name in (
-                    (AsyncAPIClient, "request"),
-                    (AsyncAPIClient, "_prepare_options"),
-                    (AsyncAPIClient, "_prepare_request"),
-                    (BaseClient, "_build_request"),
-                    (BaseClient, "_build_headers"),
-                    (BaseClient, "_should_retry"),
-                )
-            )
+            and all(getattr(cls_, name) is getattr(AsyncAPIClient, name) for name in _REPLACED_CLIENT)
             and not switches.proxy_set()
         ):
             return None
@@ -186,7 +174,7 @@ class _Lane:
             and not http.is_closed
             and not http.cookies
             and not any(http._event_hooks.values())
-            and client.__dict__.keys().isdisjoint(_REPLACED_CLIENT)
+            and client.__dict__.keys().isdisjoint(_OWN_ON_THE_CLIENT)
             and http.__dict__.keys().isdisjoint(_REPLACED_HTTPX)
             and not _tinker_log.isEnabledFor(logging.DEBUG)
             and not _httpx_log.isEnabledFor(logging.INFO)
@@ -232,31 +220,25 @@ def _custom(client: Any) -> tuple[Any, ...]:
     and timeout (an ``httpx.Timeout`` changes in place), its httpx client's
     headers and query."""
     timeout = client.timeout
+    as_dict = getattr(timeout, "as_dict", None)  # an httpx.Timeout's fields
     http = client._client
     return (
         tuple(client._custom_headers.items()),
         tuple(client._custom_query.items()),
-        (timeout.connect, timeout.read, timeout.write, timeout.pool) if type(timeout) is _httpx_timeout() else timeout,
+        timeout if as_dict is None else as_dict(),
         tuple(http.headers.raw),
         http.params,
     )
 
 
-@functools.cache
-def _httpx_timeout() -> Any:
-    import httpx
-
-    return httpx.Timeout
-
-
-# Methods ours does the work of: overridden on a client instance, tinker's
-# post sends the request (on the class: the lane is not opened).
-_REPLACED_CLIENT = frozenset(
-    {"request", "_prepare_options", "_prepare_request", "_build_request", "_build_headers", "_idempotency_key"}
-)
-_REPLACED_HTTPX = frozenset(
-    {"send", "build_request", "_send_handling_auth", "_send_handling_redirects", "_send_single_request"}
-)
+# Methods of tinker's client and of its httpx client that ours does the
+# work of: overridden on the class, the lane is not opened; on the
+# instance (checked per request), tinker's post sends the request. A class's
+# own ``_idempotency_key`` is called (``_Lane.own_keys``); an instance's too,
+# by tinker's post.
+_REPLACED_CLIENT = ("request", "_prepare_options", "_prepare_request", "_build_request", "_build_headers", "_should_retry")
+_OWN_ON_THE_CLIENT = frozenset({*_REPLACED_CLIENT, "_idempotency_key"})
+_REPLACED_HTTPX = ("send", "build_request", "_send_handling_auth", "_send_handling_redirects", "_send_single_request")
 
 
 def _kept(custom: tuple[Any, ...]) -> tuple[Any, ...]:
