@@ -233,15 +233,15 @@ impl GroupKind {
 /// dense ids given by the caller: 0, 1, 2, ...) in the order they first
 /// appear, each key's values in the order `dict_mean` lists them.
 #[derive(Clone, Debug, Default)]
-pub struct KeyedSums {
-    entries: Vec<KeyTotal>,
+pub struct KeyedValues {
+    entries: Vec<KeyValues>,
     /// By key: 1 + its entry's index, 0 for a key not seen (the ids are
     /// small and dense: a lookup is an index, not a hash).
     index: Vec<u32>,
 }
 
 #[derive(Clone, Debug)]
-struct KeyTotal {
+struct KeyValues {
     key: usize,
     values: Vec<f64>,
     /// Every value a Python number (or a float subclass): numpy averages
@@ -251,7 +251,7 @@ struct KeyTotal {
     as_numpy: bool,
 }
 
-impl KeyedSums {
+impl KeyedValues {
     /// `as_numpy`: the value was a Python number or a float subclass.
     pub fn add(&mut self, key: usize, value: f64, as_numpy: bool) {
         let entry = self.entry(key);
@@ -259,7 +259,7 @@ impl KeyedSums {
         entry.as_numpy &= as_numpy;
     }
 
-    fn merge(&mut self, other: &KeyedSums) {
+    fn merge(&mut self, other: &KeyedValues) {
         for e in &other.entries {
             let entry = self.entry(e.key);
             entry.values.extend_from_slice(&e.values);
@@ -267,13 +267,13 @@ impl KeyedSums {
         }
     }
 
-    fn entry(&mut self, key: usize) -> &mut KeyTotal {
+    fn entry(&mut self, key: usize) -> &mut KeyValues {
         if key >= self.index.len() {
             self.index.resize(key + 1, 0);
         }
         let i = match self.index[key] {
             0 => {
-                self.entries.push(KeyTotal {
+                self.entries.push(KeyValues {
                     key,
                     values: Vec::new(),
                     as_numpy: true,
@@ -309,8 +309,8 @@ pub struct GroupStats {
     pub cached_ob_tokens: i64,
     /// Its transitions' metrics, then (kept apart: `dict_mean` sees every
     /// transition of a summary before any trajectory) its `metrics_G`.
-    pub transition_metrics: KeyedSums,
-    pub trajectory_metrics: KeyedSums,
+    pub transition_metrics: KeyedValues,
+    pub trajectory_metrics: KeyedValues,
     rewards: Vec<f64>,
     kind: Option<GroupKind>,
 }
@@ -400,7 +400,7 @@ impl Summary {
 /// counts twice, as in the cookbook). `None` when a member has no rewards.
 pub fn summarize(groups: &[GroupStats], members: &[usize]) -> Option<Summary> {
     let mut rewards = Vec::new();
-    let mut metrics = KeyedSums::default();
+    let mut metrics = KeyedValues::default();
     let (mut mixed, mut good, mut bad) = (0i64, 0i64, 0i64);
     let mut s = Summary {
         episodes: 0,

@@ -9,9 +9,9 @@ use super::{number, sequence, sequence_of, type_name, unsupported, Counts};
 use crate::errors::{Location, StepName};
 use crate::py::classes::Classes;
 use crate::py::read::{Items, PairReader};
-use crate::step::{summarize, GroupStats, KeyedSums, RewardSum, Summary};
+use crate::step::{summarize, GroupStats, KeyedValues, RewardSum, Summary};
 
-/// Metric keys (exact strs) and the ids [`KeyedSums`] knows them by.
+/// Metric keys (exact strs) and the ids [`KeyedValues`] knows them by.
 struct MetricKeys<'py> {
     ids: Bound<'py, PyDict>,
     names: Vec<Bound<'py, PyString>>,
@@ -43,9 +43,9 @@ pub struct Reading<'a, 'py> {
 
 impl<'py> Reading<'_, 'py> {
     /// A metric's value as `np.mean` takes it: a Python or numpy real,
-    /// read without running Python code (np.mean calls no `__float__`).
-    /// The value, and whether numpy would average it as a float64 (a Python
-    /// number, a float subclass such as `np.float64`).
+    /// read without running Python code (np.mean calls no `__float__`),
+    /// and whether numpy averages it as a float64 (a Python number, a
+    /// float subclass such as `np.float64`).
     fn metric_value(&self, value: &Bound<'py, PyAny>, at: Location) -> PyResult<(f64, bool)> {
         if let Some(n) = number(value) {
             return Ok((n.value, true));
@@ -85,7 +85,7 @@ impl<'py> Reading<'_, 'py> {
     fn add_metrics(
         &self,
         metrics: &Bound<'py, PyAny>,
-        sums: &mut KeyedSums,
+        values: &mut KeyedValues,
         keys: &mut MetricKeys<'py>,
         pairs: &mut PairReader<'py>,
         at: Location,
@@ -105,7 +105,7 @@ impl<'py> Reading<'_, 'py> {
         pairs.for_each(metrics.as_any(), quiet, |key, value| {
             if !value.is_none() {
                 let (value, as_numpy) = self.metric_value(&value, at)?;
-                sums.add(keys.id(&key)?, value, as_numpy);
+                values.add(keys.id(&key)?, value, as_numpy);
             }
             Ok(())
         })
