@@ -12,7 +12,7 @@ times:
   stock         tinker-cookbook and tinker as installed
   installed     tinker_rl_data.cookbook.install(gc=False) (collector left alone)
   installed+gc  tinker_rl_data.cookbook.install(): the collector held to the step
-                (tinker_rl_data.cookbook.gc_step; installed+gc:headroom=0.1&young=700
+                (tinker_rl_data.cookbook.gc_step; installed+gc:headroom=0.5&young=700
                 sets StepCollector's arguments by its configure())
   VARIANT/no-huge-pages
                 VARIANT with huge pages for large outputs off
@@ -61,6 +61,12 @@ Modes users run (each applies to every variant of the invocation):
                 num_minibatches=--minibatches (2))
   --batch-scale K
                 K times the workload's groups per step
+  --garbage KIND:MB[+KIND:MB]
+                the environment makes cyclic garbage as real ones do
+                (tests/support/garbage.py): step:MB every env.step (held
+                across an await), grade:MB each group's grading (one
+                synchronous stretch, 50 KB gradings), start:MB alive when the
+                loop starts and dropped in the first step
 
 With a rollout executor, each run also reports what its workers installed
 (tinker_rl_data.cookbook.workers.seen(): pieces, rollouts, GC steps, coalesced
@@ -242,6 +248,8 @@ def describe_mode(args: argparse.Namespace) -> str:
         parts.append(f"stream-minibatch ({args.minibatches} minibatches)")
     if args.batch_scale != 1:
         parts.append(f"{args.batch_scale}x groups per step")
+    if args.garbage:
+        parts.append(f"garbage {args.garbage}")
     return ", ".join(parts) or "sync, defaults"
 
 

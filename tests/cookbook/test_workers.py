@@ -422,13 +422,15 @@ def test_a_worker_without_the_package_runs_the_cookbooks_rollout(installed, miss
     _workers.reset()
 
 
-def test_a_worker_applies_the_drivers_switches_over_its_own(monkeypatch):
+@pytest.mark.parametrize("headroom", [0.3, 0])
+def test_a_worker_applies_the_drivers_switches_over_its_own(monkeypatch, headroom):
     """install(gc_headroom=0.3) wins over an inherited
     TINKER_RL_DATA_GC_HEADROOM=0.1, and a node's own SKIP / DISABLE do not
-    change what the driver's install means there."""
+    change what the driver's install means there; 0 is 0 there too (the
+    tightest bound, as in the driver; `off` is no bound)."""
     monkeypatch.setenv("TINKER_RL_DATA_GC_HEADROOM", "0.1")  # inherited by the worker
     _workers.reset()
-    tcookbook.install(gc_headroom=0.3)
+    tcookbook.install(gc_headroom=headroom)
     try:
         node = {"TINKER_RL_DATA_SKIP": "kl", "TINKER_RL_DATA_DISABLE": "1"}
         with spawn_pool(unimportable=(), env=node) as pool:
@@ -438,10 +440,10 @@ def test_a_worker_applies_the_drivers_switches_over_its_own(monkeypatch):
         tcookbook.uninstall()
         gc_step.configure()
         _workers.reset()
-    assert back["how"] == "installed" and back["headroom"] == 0.3
+    assert back["how"] == "installed" and back["headroom"] == headroom and back["headroom"] is not None
     # (the entry piece stays out there: the stand-in holds its name)
     assert "compute_post_kl" in back["installed"] and set(back["installed"]) == set(driver) - {_workers.WORKERS_TITLE}
-    assert back["env"].get("TINKER_RL_DATA_GC_HEADROOM") == "0.3" and "TINKER_RL_DATA_DISABLE" not in back["env"]
+    assert back["env"].get("TINKER_RL_DATA_GC_HEADROOM") == repr(float(headroom)) and "TINKER_RL_DATA_DISABLE" not in back["env"]
 
 
 WORKER = textwrap.dedent(

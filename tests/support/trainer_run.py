@@ -15,7 +15,7 @@ several) and its result in OUT.json (a list with several):
   stock         tinker-cookbook and tinker as installed
   installed     tinker_rl_data.cookbook.install(gc=False) (collector left alone)
   installed+gc  tinker_rl_data.cookbook.install(): the collector held to the step
-                (tinker_rl_data.cookbook.gc_step; installed+gc:headroom=0.1&young=700
+                (tinker_rl_data.cookbook.gc_step; installed+gc:headroom=0.5&young=700
                 sets StepCollector's arguments by its configure())
   installed+coalesce
                 install(coalesce=True): with --shared-prompt, a group's first
@@ -122,6 +122,9 @@ class Probe:
         if self.current is not None:
             self.current["marks"][name] = now
         if name == "step_end" and self.current is not None:
+            from support.garbage import Counted
+
+            self.current["garbage_alive"] = Counted.alive  # counted garbage nodes alive at the step's end
             self.current["rss_mb"] = self._rss() / 2**20
             self.current["rss_peak_mb"] = max(self._rss_peak, self._rss()) / 2**20
             self.current["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -257,6 +260,7 @@ def run(args: argparse.Namespace) -> None:
 
 def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=None) -> dict[str, Any]:
     import asyncio
+    import gc
     import resource
 
     from support.cookbook_env import LOOP_WORKLOADS, TokenDatasetBuilder
@@ -344,6 +348,11 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
     logging.getLogger("tinker_rl_data").setLevel(logging.INFO)
 
     workload = LOOP_WORKLOADS[args.workload]
+    from support.garbage import Counted, sample_peak
+
+    Counted.peak = Counted.alive
+    if sample_peak not in gc.callbacks:
+        gc.callbacks.append(sample_peak)  # the garbage alive at once (with a "+counted" --garbage)
     error = None
     groups = workload.groups * args.batch_scale
     modes: dict[str, Any] = {}
@@ -359,7 +368,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
             learning_rate=1e-5,
             dataset_builder=TokenDatasetBuilder(
                 workload=args.workload, steps=args.steps, seed=args.seed, shared_prompt=args.shared_prompt,
-                batch_scale=args.batch_scale,
+                batch_scale=args.batch_scale, garbage=args.garbage,
             ),
             model_name=MODEL,
             max_tokens=workload.completion,
@@ -405,6 +414,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
                 "gc_full_ms": s["gc_full_ms"],
                 "collections": s["collections"],
                 "rss_mb": s["rss_mb"],
+                "garbage_alive": s["garbage_alive"],
                 "rss_start_mb": s["rss_start_mb"],
                 "rss_peak_mb": s["rss_peak_mb"],
                 "maxrss_start_mb": s["maxrss_start_mb"],  # the process's peak so far
@@ -425,13 +435,14 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
         "coalesced": coalesced_counts(),
         "requests": fake.requests,  # per path, with --record: the fake service's tally
         "error": error,
+        "garbage_peak_nodes": Counted.peak,
         "installed": [] if variant == "stock" else [t for t, _ in tinker_rl_data.status().installed],
         "left_to_cookbook": left,
         "workers": _workers.seen(),
         "children_cpu_s": children_cpu() - children_cpu_start,
         "workers_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         "mode": {"executor": args.executor, "async": args.async_, "stream_minibatch": args.stream_minibatch,
-                 "batch_scale": args.batch_scale},
+                 "batch_scale": args.batch_scale, "garbage": args.garbage},
     }
     logging.getLogger("tinker_rl_data").removeHandler(left_handler)
     return out
@@ -509,6 +520,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minibatches", type=int, default=2, help="--stream-minibatch's num_minibatches")
     p.add_argument("--batch-scale", "--scale", dest="batch_scale", type=int, default=1,
                    help="K times the workload's groups per step (4: the 4x batches)")
+    p.add_argument("--garbage", default="", help="cyclic garbage the environment makes (support/garbage.py): "
+                   "step:MB (each env.step), grade:MB (each group's grading, synchronous), start:MB (alive at "
+                   "the loop's start, dropped in the first step); '+' joins several")
 
 
 def run_flags(args: argparse.Namespace) -> list[str]:
@@ -525,6 +539,7 @@ def run_flags(args: argparse.Namespace) -> list[str]:
     out += ["--async", "--off-policy", str(args.off_policy)] if args.async_ else []
     out += ["--stream-minibatch", "--minibatches", str(args.minibatches)] if args.stream_minibatch else []
     out += ["--batch-scale", str(args.batch_scale)] if args.batch_scale != 1 else []
+    out += ["--garbage", args.garbage] if args.garbage else []
     return out
 
 

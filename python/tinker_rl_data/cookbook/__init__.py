@@ -60,9 +60,9 @@ def install(*, strict: bool | None = None, **options: Any) -> Report:
       the same scoring requests; advantages and metrics bit-identical.
     - ``gc`` (on): Python's cyclic collector held to the trainer's step
       (:mod:`.gc_step`): changes when it runs, not what is computed.
-      ``gc_headroom``: its memory guard collects early once RSS passes the
-      step's start by this fraction (default ``TINKER_RL_DATA_GC_HEADROOM``
-      or 0.15).
+      ``gc_headroom``: a full collection inside a step once the memory of
+      Python's small objects grew by this fraction since the last one
+      (default ``TINKER_RL_DATA_GC_HEADROOM`` or 0.5).
     - always, where a rollout executor runs the rollouts in other processes
       (a spawn or forkserver pool, Ray): each worker installs the same
       features with the same switches before its first rollout, decided by

@@ -1,108 +1,82 @@
 """The cyclic garbage collector held to the trainer's step.
 
-A trainer step allocates hundreds of thousands of short-lived objects (each
-sample request's coroutines, futures, frames, option objects) on top of a
-few hundred thousand long-lived ones (torch, tinker, the cookbook). CPython
-runs a full collection whenever the long-lived generation grows by a
-quarter, and each one scans every tracked object: several per step, most of
-the step's GC time. Here, while tinker-cookbook's training loop runs:
+CPython collects its oldest generation when the objects that survived into
+it since its last such collection number a quarter of those it kept then,
+and each of those collections scans every object the process holds:
+torch's, tinker's and the cookbook's hundreds of thousands, and the step's
+work in flight. In a many_short step that is most of the client's time.
+While tinker-cookbook's training loop runs, this module changes three
+things, and only when the collector runs:
 
-- once, when the loop starts (after the setup), one full collection, then
-  ``gc.freeze()`` so the setup's objects are never scanned again (skipped if
-  the program froze objects itself: :func:`program_froze`);
-- inside a step, no collection of the older generations: young collections
-  only (each scans the objects allocated since the last one); objects that
-  survive one are not scanned again until the step ends;
-- at the end of each step, one full collection;
-- a guard for memory, relative to the process: when RSS passes the
-  step's *limit*, one full collection runs early, on the training loop's
-  event loop (a collection cannot start from inside another, where the
-  guard looks; RSS is read at most every 50 ms, at young collections,
-  from ``/proc/self/statm``: a forked child reads its own; a read that
-  fails ends the RSS bound for that loop, quietly; without /proc, on
-  macOS and Windows, there is no RSS bound).
-  The limit is the RSS after this collector's last full collection plus a
-  *headroom*: ``headroom`` times the RSS when the step started (0.15 by
-  default), at least ``min_headroom`` bytes (32 MiB: a small process is
-  not collected over noise). Memory a collection frees stays resident
-  (CPython and malloc keep it for reuse), so after an early collection the
-  next limit is that RSS plus the same headroom, not a fraction of it,
-  until the step has grown by four headrooms; past that, plus a quarter of
-  the step's growth so far (CPython's own rule for its full collections:
-  when the long-lived objects grew by a quarter). Each early collection
-  scans what the step keeps alive, so a fixed allowance would make a step
-  that keeps G bytes pay for G / headroom collections of a growing heap
-  (quadratic in the batch); with the quarter, their total work is at most
-  about five times the step's final heap (linear). A step's cyclic
-  garbage thus takes about ``headroom`` of the process's memory beyond
-  what it took before (a quarter of a very large step's growth), whatever
-  the process's size (a fixed number of bytes is both too much for a small
-  client and too little to matter for a large one). Set it by
-  ``StepCollector(headroom=...)``, for install()'s collector by
-  :func:`configure`, or by the environment
-  variable ``TINKER_RL_DATA_GC_HEADROOM`` (``0.1`` or ``10%``; ``off``:
-  no RSS bound), read when a loop starts if no headroom was given. RSS
-  alone cannot bound a step's cyclic garbage: what a collection frees
-  stays resident and is reused unseen, so from step to step the garbage
-  would take all the room the last step's left plus the headroom (RSS
-  climbs to the live heap plus a whole step's garbage: 1.27x stock's peak
-  on many_short, CPython 3.12). So the guard also collects when the
-  objects that survived young collections since the last full one number
-  as many as the process held when the step started (frozen and old
-  objects, ``survivors_fraction`` 1.0 of them; at least 250,000, at most
-  ``max_tracked``, 4 M; after an early collection, at least a quarter of
-  the objects the step kept; an early collection by this bound that finds
-  them live, freeing under a quarter, doubles it for the loop's later
-  steps until it is twice what it found, up to 16 times; any early
-  collection that frees half or more puts it back: a
-  step's work in flight is not scanned again and again), and, if
-  set, when RSS has grown by ``max_rss_growth`` bytes (an absolute cap,
-  none by default);
-- if a step function the loop calls is not this collector's (a user's
-  wrapper sits there, which install() keeps, so that piece is left out),
-  the loop's wrapper puts the step's end around it while the loop runs
-  (the user's function is what runs, and is the name's value again when
-  the loop ends; a step end nested in another is one): the policy is the
-  same whichever of the step pieces went in, so long as the loop's did.
-  Without the loop's piece the collector stays as the program left it;
-- when the loop returns or raises, and on :meth:`StepCollector.restore`,
-  the collector's state (enabled, thresholds, frozen objects, callbacks) is
-  put back; a loop start that raises (the headroom's warning under
-  ``-W error``, an interrupt in the first collection) leaves it as it was,
-  the collector not active.
+- **The long-lived objects are frozen** (``gc.freeze()``) at the end of
+  steps 1, 4, 16, 64, ...: later collections do not scan them. Each of
+  these renewals first unfreezes and collects everything (~130 ms with
+  torch imported: their cost fades as the run goes), so an object alive
+  at one renewal that dies later is freed at the next; the first step runs
+  with nothing frozen (garbage alive when the loop starts and dropped in
+  the first step is freed in that step, as without this module). Not done
+  when the program froze objects itself (:func:`program_froze`).
+- **Inside a step, the oldest generation waits for memory, not for a
+  count.** The young generations are collected as the program has them
+  (its first threshold, every tenth a generation-1 collection: short-lived
+  cycles die young, as they do without this module). The oldest is
+  collected when the memory of Python's small objects
+  (``sys.getallocatedblocks()``, frozen ones included, read at most every
+  50 ms at a young collection) has grown by ``headroom`` (0.5; CPython
+  counts a quarter, of objects) past what the last full collection left,
+  or past the most that such a collection inside an earlier step of the
+  loop left (the step's work in flight: a step may hold as much again
+  without a scan of it). The collection is armed by the thresholds, so it
+  runs in whichever thread allocates next, inside a synchronous stretch (a
+  grader that never awaits) too; CPython's own check still applies (the
+  objects that reached the oldest generation since its last collection
+  are a quarter of those it kept then). The counts that make CPython scan
+  the whole heap at every quarter of growth are gone, a bound on memory is
+  kept: a step's garbage takes at most about ``headroom`` of the memory the
+  process's small objects held live (frozen ones included) before it is
+  collected.
+- **Each step ends with one full collection**: the step's work in flight,
+  dead by then, is freed before the next step starts.
+
+The program's own calls are kept: ``gc.collect()`` collects as it would
+(and restarts the count); ``gc.disable()``, ``gc.set_threshold()`` or
+``gc.freeze()`` made while the loop runs make this module step aside for
+the rest of the loop, with one log line, leaving the program's settings in
+force (a freeze is seen at the next renewal, before anything is unfrozen).
+When the loop returns or raises, and on :meth:`StepCollector.restore`, the
+state this module set is put back (the program's thresholds and enabled
+flag, its objects unfrozen, its callback removed). ``headroom`` is set by
+``install(gc_headroom=...)`` or ``TINKER_RL_DATA_GC_HEADROOM`` (``0.5`` or
+``50%``; ``0``: a full collection as soon as anything grew; ``off``: none
+inside a step), the same in the driver and in rollout workers.
 
 Steps with no training loop around them (a rollout worker's group
-rollouts, :mod:`.workers`): :meth:`StepCollector.settle` once (the full
-collection and the freeze), then :meth:`StepCollector.step_held` and
+rollouts, :mod:`.workers`): :meth:`StepCollector.step_held` and
 :meth:`StepCollector.step_released` around each step: the same policy
-inside it, one full collection at its end, and between steps the
-program's thresholds, enabled flag and callbacks (its other code is
-collected as without this module); only the freeze stays. The feature's
-``worker`` hook (:func:`worker_started`) does this in a worker where the
-gc pieces went in, with a new collector of the defaults (the driver's
-headroom: the worker takes its switches), and its guard's early
-collection runs on whichever event loop is running where it fires (the
-rollout's own ``asyncio.run`` loop or tinker's client thread).
+inside it (renewals at a worker's rollouts 1, 4, 16, ...), and between
+steps the program's thresholds, enabled flag and callbacks; the freeze
+stays. The feature's ``worker`` hook (:func:`worker_started`) does this in
+a worker where the gc pieces went in.
 
-Nothing here changes what the trainer computes, only when the collector
-runs. The step boundary is the function each of ``rl.train``'s loops calls
-once per step (sync and async: ``do_train_step_and_get_sampling_client``;
+The step boundary is the function each of ``rl.train``'s loops calls once
+per step (sync and async: ``do_train_step_and_get_sampling_client``;
 streaming minibatches, in both: ``do_train_step_streaming_and_get_sampling_client``);
 the loop is one of ``do_sync_training``, ``do_async_training``,
 ``do_sync_training_with_stream_minibatch``, which ``rl.train.main`` looks up
-by name when it runs. :meth:`StepCollector.pieces` lists them with the
-wrapper factory for each; :data:`PIECES` (feature ``gc``) installs
-:data:`COLLECTOR`'s wrappers.
+by name when it runs. If a step function the loop calls is not this
+collector's (a user's wrapper, which install() keeps), the loop's wrapper
+puts the step's end around it while the loop runs. :data:`PIECES` (feature
+``gc``) installs :data:`COLLECTOR`'s wrappers.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import functools
 import gc
 import inspect
+import logging
 import os
 import sys
 import threading
@@ -120,49 +94,29 @@ TRAIN_MODULE = "tinker_cookbook.rl.train"
 LOOP_FUNCTIONS = ("do_sync_training", "do_async_training", "do_sync_training_with_stream_minibatch")
 STEP_FUNCTIONS = ("do_train_step_and_get_sampling_client", "do_train_step_streaming_and_get_sampling_client")
 
-# A threshold no count reaches: generation 1 and 2 never collect on their own.
+_log = logging.getLogger(__name__)
+
+# A threshold no count reaches: the oldest generation never collects on its own.
 _NEVER = 2**30
-# How often (seconds) a young collection reads RSS for the guard.
-_RSS_CHECK_INTERVAL = 0.05
+# How often (seconds) a young collection reads the small objects' memory:
+# sys.getallocatedblocks() walks the allocator's arenas (~70 ns each, ~0.1 ms
+# in a trainer), so at most 0.2% of the time.
+_CHECK_INTERVAL = 0.05
 # CPython 3.12's collections move the immortal objects they meet into the
 # frozen generation (375 of them in 3.12.1, made at startup; 3.11 and 3.13
 # leave them), so there a freeze count up to this many is the interpreter's
 # own. A program's gc.freeze() freezes every tracked object, far more.
 _INTERPRETER_FROZEN = 4096 if sys.version_info[:2] == (3, 12) else 0
 
-#: The environment variable for the guard's headroom (a fraction of RSS;
-#: ``off`` for none), read when a loop starts if no headroom was given.
+#: The environment variable for the headroom (a fraction; ``off`` for none),
+#: read when a loop starts if no headroom was given.
 HEADROOM_ENV = switches.GC_HEADROOM
-DEFAULT_HEADROOM = 0.15
-DEFAULT_MIN_HEADROOM = 32 * 2**20
-# After an early collection, the allowance is also at least this fraction of
-# the step's growth so far (RSS, and objects kept for max_tracked): the early
-# collections' work stays linear in the step's size (CPython's own full
-# collections wait for 25% growth).
-GROWTH_FRACTION = 0.25
-# The step's survivors of young collections after which the guard collects
-# early: this fraction of the objects the process held when the step
-# started (frozen and old), at least MIN_SURVIVORS_BOUND. RSS cannot see
-# the memory a collection frees (it stays resident and is reused), so a
-# bound by RSS alone lets a step's cyclic garbage take all the room the
-# last step's garbage left, plus the headroom: the count bounds it.
-DEFAULT_SURVIVORS_FRACTION = 1.0
-MIN_SURVIVORS_BOUND = 250_000
-# An early collection the survivors' bound started that freed under a
-# quarter of them (GROWTH_FRACTION) found the step's work in flight, not
-# garbage: the bound doubles for the loop's later steps until it is twice
-# what that collection found (up to this many times the fraction); an early
-# collection (by this bound or RSS) that freed at least half of them puts it
-# back at once.
-# (Coalesced many_short: every step's early collection freed 0 of ~550,000
-# survivors, ~650 ms a step.)
-MAX_SURVIVORS_SCALE = 16
+DEFAULT_HEADROOM = 0.5
 # A sentinel: the headroom from the environment (else the default).
 _FROM_ENV: Any = object()
 # Set on this module's step wrappers (and copied by functools.wraps onto a
 # user's wrapper around one): the collector whose step end it is.
 _STEP_MARK = "_tinker_rl_data_step_of"
-
 
 # Set while one of this module's step wrappers runs (in that task): a
 # wrapper nested in another leaves the step's end to the outer one.
@@ -179,149 +133,82 @@ def program_froze() -> bool:
     return gc.get_freeze_count() > _INTERPRETER_FROZEN
 
 
-class _StatmReader:
-    """This process's resident set size in bytes, from /proc/self/statm.
-    The descriptor is per process: a forked child's copy reads its parent
-    (``/proc/self`` is resolved at open) and fails once the parent exits,
-    so a child opens its own (a pid check: ~1 us; opening the file per
-    read costs ~40 us more). The inherited one is left open there: its
-    number may be another file's by then. (No lock: a fork would copy a
-    held one; two threads opening at once leave one descriptor unused.)"""
-
-    def __init__(self) -> None:
-        self._pid = 0
-        self._fd = -1
-
-    def __call__(self) -> int:
-        if self._pid != os.getpid():
-            self._fd = os.open("/proc/self/statm", os.O_RDONLY)
-            self._pid = os.getpid()
-        return int(os.pread(self._fd, 128, 0).split()[1]) * _PAGE
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_STATM = _StatmReader()
-
-
-def _rss_reader() -> Callable[[], int] | None:
-    """The reader of this process's RSS in bytes (None without /proc:
-    macOS, Windows)."""
-    try:
-        _STATM()
-    except (OSError, ValueError, IndexError):
-        return None
-    return _STATM
+def _is_renewal(step: int) -> bool:
+    """Steps 1, 4, 16, 64, ... end with the freeze renewed."""
+    return step & (step - 1) == 0 and step.bit_length() % 2 == 1
 
 
 @dataclass
 class StepStats:
     steps: int = 0
-    young_collections: int = 0  # automatic, inside steps
-    guard_collections: int = 0  # early full collections
-    live_collections: int = 0  # early ones (by the survivors' bound) that found them live: the bound doubled
-    tracked_checks: int = 0  # exact counts of the objects older than young
+    young_collections: int = 0  # automatic ones of the young generations, inside steps
+    guard_collections: int = 0  # full collections inside steps, armed by the memory bound
+    program_collections: int = 0  # full collections the program ran itself (gc.collect()) inside steps
     step_collections: int = 0  # the one at each step's end
-    froze: int = 0  # objects frozen when the loop started
+    renewals: int = 0  # step ends that renewed the freeze
+    froze: int = 0  # objects frozen by the latest renewal
     step_ends_added: int = 0  # step functions the loop wrapper put the step's end around
-    peak_limit: int = 0  # the guard's highest RSS limit (bytes)
-    rss_failures: int = 0  # loops whose RSS bound ended as a read of RSS failed
+    stepped_aside: str = ""  # why the collector stepped aside (the program's own settings)
 
 
 class StepCollector:
-    """Holds the collector to the trainer's step while a training loop runs.
+    """Holds the collector to the trainer's step while a training loop runs
+    (the module's docstring says how).
 
-    ``young``: net new tracked objects between young collections inside a
-    step (None: the threshold in effect when the loop starts, 700 by
-    default; young collections free the short-lived cycles early and cost
-    little, measured larger values were slower). ``headroom``: the guard
-    collects early when RSS passes the RSS after the last full collection
-    by this fraction of the RSS at the step's start (default: from
-    :data:`HEADROOM_ENV`, else 0.15; None: no relative bound), at least
-    ``min_headroom`` bytes, and at least a quarter of the step's growth so
-    far (:data:`GROWTH_FRACTION`). ``max_rss_growth``: an absolute cap on that
-    growth in bytes (None: none). ``survivors_fraction`` (None: none) of
-    the objects held at the step's start (frozen and old; at least
-    :data:`MIN_SURVIVORS_BOUND`), at most ``max_tracked`` (None: no cap):
-    objects surviving young collections since the last full one after
-    which the guard collects; after an early collection at least a quarter
-    of the objects the step has kept so far; doubled for later steps by an
-    early collection that finds them live (:data:`MAX_SURVIVORS_SCALE`).
-    ``freeze``: freeze the setup's
-    objects when the loop starts.
+    ``young``: the young generation's threshold inside a step (None: the
+    program's when the loop starts, 700 by default). ``headroom``: the
+    growth of the small objects' memory since the last full collection, as
+    a fraction of it, after which a full collection runs inside a step
+    (default: from :data:`HEADROOM_ENV`, else 0.5; None: none until the
+    step's end). ``freeze``: freeze the long-lived objects at the ends of
+    steps 1, 4, 16, .... ``middle``: the generation-1 threshold inside a
+    step (None: the program's, 10 by default; the bench's knob).
     """
 
     def __init__(
-        self,
-        young: int | None = None,
-        headroom: float | None = _FROM_ENV,
-        min_headroom: int = DEFAULT_MIN_HEADROOM,
-        max_rss_growth: int | None = None,
-        max_tracked: int | None = 4_000_000,
-        freeze: bool = True,
-        survivors_fraction: float | None = DEFAULT_SURVIVORS_FRACTION,
+        self, young: int | None = None, headroom: float | None = _FROM_ENV, freeze: bool = True, middle: int | None = None
     ) -> None:
         self.stats = StepStats()
         self._lock = threading.RLock()
         self._depth = 0
         self._saved: tuple[bool, tuple[int, ...]] | None = None
-        self._froze = False
-        self._settled = False  # the first collection (and freeze) done: steps held without a loop
-        self._passive = False
-        self._own_collect = False
-        self._guard_armed = False
-        self._rss: Callable[[], int] | None = None
-        self._rss_limit: int | None = None
-        self._rss_step = 0
-        self._last_check = 0.0
-        self._next_tracked_check = 0
-        self._kept = 0  # tracked objects the step's early collections left alive
-        self._held = 0  # tracked objects (frozen and old) when the step started
-        self._survivors_scale = 1  # the survivors' bound's multiple, learned from early collections
-        self._by_survivors = False  # the armed early collection is the survivors' bound's
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._configure(young, headroom, min_headroom, max_rss_growth, max_tracked, freeze, survivors_fraction)
+        self._ours: tuple[int, ...] = ()  # the thresholds this collector set last
+        self._froze = 0  # the freeze count this collector left (0: none of ours)
+        self._aside = False  # the program changed the collector's settings: hands off
+        self._armed = False
+        self._own_collect = False  # this collector's step-end collection is running
+        self._middle = 10  # the program's generation-1 threshold, kept inside steps
+        self._limit = 0  # allocated blocks past which a full collection is armed
+        self._live_peak = 0  # the most allocated blocks a full collection inside a step left (this loop)
+        self._next_check = 0.0
+        self._renewals = 0  # step ends seen by the freeze's schedule (across a worker's held steps)
+        self._configure(young, headroom, freeze, middle)
         _collectors.add(self)
 
-    def _configure(
-        self,
-        young: int | None,
-        headroom: float | None,
-        min_headroom: int,
-        max_rss_growth: int | None,
-        max_tracked: int | None,
-        freeze: bool,
-        survivors_fraction: float | None = None,
-    ) -> None:
+    def _configure(self, young: int | None, headroom: float | None, freeze: bool, middle: int | None = None) -> None:
         if young is not None and young < 1:
             raise ValueError(f"young must be at least 1, got {young}")
         if headroom is not _FROM_ENV and headroom is not None and not headroom >= 0:
             raise ValueError(f"headroom must be a fraction >= 0, got {headroom}")
-        if min_headroom < 0:
-            raise ValueError(f"min_headroom must be >= 0, got {min_headroom}")
-        if survivors_fraction is not None and not survivors_fraction > 0:
-            raise ValueError(f"survivors_fraction must be > 0, got {survivors_fraction}")
         self.young_setting = young
-        self.young = young or 1
+        self.young = young or 700
         self.headroom_setting = headroom
         self.headroom: float | None = None if headroom is _FROM_ENV else headroom
-        self.min_headroom = min_headroom
-        self.max_rss_growth = max_rss_growth
-        self.max_tracked = max_tracked
         self.freeze = freeze
-        self.survivors_fraction = survivors_fraction
+        self.middle_setting = middle
 
     # -- the loop and its steps ------------------------------------------------
 
-    def loop_started(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """``loop``: where the guard's early collections run (none without).
-        One full collection, the freeze, then the policy; if any of it
-        raises, the collector is as the program had it (and not active)."""
+    def loop_started(self) -> None:
+        """The policy from here, until :meth:`loop_ended`; nothing if the
+        program turned the collector off."""
         with self._lock:
             if self._depth:
                 self._depth += 1
                 return
-            self._survivors_scale = 1  # learned anew by each loop
-            self._hold(loop, settle=True)
+            self._renewals = 0
+            self._live_peak = 0
+            self._hold()
 
     def loop_ended(self) -> None:
         with self._lock:
@@ -332,44 +219,30 @@ class StepCollector:
                 self._put_back()
 
     def step_ended(self) -> None:
+        """One full collection (a renewal of the freeze at steps 1, 4, 16,
+        ...), then the next step's bound."""
         with self._lock:
-            if self._depth == 0 or self._passive:
+            if self._depth == 0 or self._aside or self._program_changed():
                 return
             self.stats.steps += 1
-            self._collect()
-            self.stats.step_collections += 1
-            self._step_started(new_step=True)
+            self._end_step()
+            if not self._aside:
+                self._start_step()
 
-    def settle(self) -> None:
-        """Ahead of steps held without a loop (a rollout worker's setup):
-        what a loop's start does first, once (a full collection, then the
-        freeze); nothing if the program turned the collector off."""
-        with self._lock:
-            if self._depth or self._settled or not gc.isenabled() or gc.get_threshold()[0] == 0:
-                return
-            try:
-                self._settle()
-            except BaseException:
-                self._put_back()
-                raise
-
-    def step_held(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def step_held(self) -> None:
         """A step with no training loop around it (a rollout worker's group
-        rollout) starts: the policy holds until :meth:`step_released`. The
-        first does what a loop's start does (a full collection, the
-        freeze); later ones collect nothing (the last step's end did), and
-        the freeze stays between steps (:meth:`restore` ends it). Inside a
-        running loop, one more level of it."""
+        rollout) starts: the policy holds until :meth:`step_released`.
+        Inside a running loop, one more level of it."""
         with self._lock:
             if self._depth:
                 self._depth += 1
                 return
-            self._hold(loop, settle=not self._settled)
+            self._hold()
 
     def step_released(self) -> None:
-        """The step :meth:`step_held` started ends: one full collection,
-        then the program's thresholds, enabled flag and callbacks back (its
-        own collections run between steps), the freeze kept."""
+        """The step :meth:`step_held` started ends: one full collection (a
+        renewal at the worker's steps 1, 4, 16, ...), then the program's
+        thresholds, enabled flag and callbacks back, the freeze kept."""
         with self._lock:
             if self._depth == 0:
                 return
@@ -377,10 +250,9 @@ class StepCollector:
             if self._depth:
                 return
             try:
-                if not self._passive:
+                if not self._aside and not self._program_changed():
                     self.stats.steps += 1
-                    self._collect()
-                    self.stats.step_collections += 1
+                    self._end_step()
             finally:
                 self._put_back(unfreeze=False)
 
@@ -391,7 +263,8 @@ class StepCollector:
         with self._lock:
             self._depth = 0
             self._put_back()
-            self._settled = False
+            self._renewals = 0
+            self._live_peak = 0
 
     @property
     def active(self) -> bool:
@@ -407,7 +280,7 @@ class StepCollector:
 
         @functools.wraps(original)
         async def loop(*args: Any, **kwargs: Any) -> Any:
-            self.loop_started(asyncio.get_running_loop())
+            self.loop_started()
             added = []
             try:
                 added = self._add_step_ends(original)
@@ -457,7 +330,7 @@ class StepCollector:
         """Where the loop looks its step functions up (its module's
         globals), wrap each that is not ours; (namespace, name, theirs,
         ours) for each wrapped."""
-        if not self.active or self._passive:
+        if not self.active or self._aside:
             return []
         namespace = getattr(inspect.unwrap(loop_function), "__globals__", None)
         if not isinstance(namespace, dict):
@@ -475,109 +348,92 @@ class StepCollector:
             self.stats.step_ends_added += 1
         return added
 
-    def _hold(self, loop: asyncio.AbstractEventLoop | None, settle: bool) -> None:
-        """From inactive: the policy from here (``settle``: after one full
-        collection and the freeze). Active only once all of it is in place;
-        on an exception, what it changed is put back."""
-        if not gc.isenabled() or gc.get_threshold()[0] == 0:
-            # The program turned the collector off: leave it so.
-            self._passive = True
-            self._depth = 1
-            return
-        headroom = headroom_from_env() if self.headroom_setting is _FROM_ENV else self.headroom
-        froze, settled = self._froze, self._settled
-        try:
-            self.headroom = headroom
-            self._loop = loop
-            wants_rss = self.headroom is not None or self.max_rss_growth is not None
-            self._rss = _rss_reader() if wants_rss and self._rss is None else self._rss
-            self._saved = (gc.isenabled(), gc.get_threshold())
-            self.young = self.young_setting or max(1, gc.get_threshold()[0])
-            if settle:
-                self._settle()
-            gc.callbacks.append(self._on_collection)
-            self._step_started(new_step=True)
-            gc.enable()
-        except BaseException:
-            self._put_back(unfreeze=not froze)
-            self._settled = settled
-            raise
+    def _hold(self) -> None:
+        """From inactive: the policy from here. Active only once all of it
+        is in place; on an exception, what it changed is put back."""
         self._depth = 1
+        if not gc.isenabled() or gc.get_threshold()[0] == 0:
+            self._aside = True  # the program turned the collector off: leave it so
+            return
+        try:
+            if self.headroom_setting is _FROM_ENV:
+                self.headroom = headroom_from_env()
+            self._saved = (gc.isenabled(), gc.get_threshold())
+            self.young = self.young_setting or gc.get_threshold()[0]
+            self._middle = self.middle_setting or gc.get_threshold()[1]
+            gc.callbacks.append(self._on_collection)
+            self._start_step()
+        except BaseException:
+            self._depth = 0
+            self._put_back()
+            raise
 
-    def _settle(self) -> None:
-        self._collect()
-        if self.freeze and not program_froze():
-            gc.freeze()
-            self._froze = True
-            self.stats.froze = gc.get_freeze_count()
-        self._settled = True
+    def _start_step(self) -> None:
+        """After a full collection: the memory bound and the thresholds from
+        here (in this order: a young collection may run as soon as they are set)."""
+        if self.headroom is not None:
+            self._limit = int(max(sys.getallocatedblocks(), self._live_peak) * (1 + self.headroom))
+        self._armed = False
+        self._next_check = 0.0
+        self._set_thresholds(self.young, self._middle, _NEVER)
 
-    def _collect(self) -> int:
+    def _set_thresholds(self, *thresholds: int) -> None:
+        gc.set_threshold(*thresholds)
+        self._ours = gc.get_threshold()
+
+    def _end_step(self) -> None:
+        """The step's full collection; at steps 1, 4, 16, ... the freeze
+        renewed around it."""
+        self._renewals += 1
+        renew = self.freeze and _is_renewal(self._renewals)
+        if renew and self._froze and _program_froze_over(self._froze):
+            self._step_aside("the program froze objects itself (gc.freeze())")
+            renew = False
+        if renew and self._froze:
+            gc.unfreeze()
+            self._froze = 0
         self._own_collect = True
         try:
-            return gc.collect()
+            gc.collect()
+            self.stats.step_collections += 1
+            if renew and not program_froze():
+                gc.freeze()
+                # Once more over what is left unfrozen (nearly nothing):
+                # CPython then counts the oldest generation's growth from the
+                # objects not frozen, so that an armed collection is not
+                # refused for the count of those just frozen.
+                gc.collect()
+                self._froze = gc.get_freeze_count()
+                self.stats.froze = self._froze
+                self.stats.renewals += 1
         finally:
             self._own_collect = False
 
-    def _step_started(self, new_step: bool) -> None:
-        """After each of this collector's full collections: the young
-        threshold and the guard's bounds from here."""
-        self._guard_armed = False
-        gc.set_threshold(self.young, _NEVER, _NEVER)
-        if new_step:
-            self._kept = 0
-            if self.survivors_fraction is not None:
-                self._held = gc.get_freeze_count() + len(gc.get_objects(generation=2))
-        self._next_tracked_check = self._survivors_bound() if self._counts_survivors() else 0
-        rss = self._read_rss()
-        if rss is None:
-            self._rss_limit = None
-        else:
-            if new_step or not self._rss_step:
-                self._rss_step = rss
-            headroom = self._rss_headroom(grown=rss - self._rss_step)
-            self._rss_limit = None if headroom is None else rss + headroom
-            self.stats.peak_limit = max(self.stats.peak_limit, self._rss_limit or 0)
-            self._last_check = time.monotonic()
+    def _program_changed(self) -> bool:
+        """Whether the program turned the collector off or set its
+        thresholds while the policy held: if so, step aside."""
+        if not gc.isenabled():
+            self._step_aside("the program turned the collector off (gc.disable())")
+        elif gc.get_threshold() != self._ours:
+            self._step_aside(f"the program set the thresholds to {gc.get_threshold()} (gc.set_threshold())")
+        return self._aside
 
-    def _rss_headroom(self, grown: int) -> int | None:
-        """Bytes of RSS growth past the last full collection the guard
-        allows (None: no RSS bound); ``grown``: the step's growth so far."""
-        allowed = []
-        if self.headroom is not None:
-            relative = max(int(self.headroom * self._rss_step), self.min_headroom)
-            allowed.append(max(relative, int(GROWTH_FRACTION * grown)))
-        if self.max_rss_growth is not None:
-            allowed.append(self.max_rss_growth)
-        return min(allowed) if allowed else None
-
-    def _counts_survivors(self) -> bool:
-        return self.max_tracked is not None or self.survivors_fraction is not None
-
-    def _survivors_bound(self) -> int:
-        """Survivors of young collections past the last collection the
-        guard allows: ``survivors_fraction`` of the objects held at the
-        step's start (at least MIN_SURVIVORS_BOUND), at most
-        ``max_tracked``, and at least a quarter of what the step kept
-        through its early collections."""
-        bound = self.max_tracked if self.max_tracked is not None else _NEVER
-        if self.survivors_fraction is not None:
-            bound = min(bound, self._relative_bound() * self._survivors_scale)
-        return max(bound, int(GROWTH_FRACTION * self._kept))
-
-    def _read_rss(self) -> int | None:
-        """RSS in bytes (None: no reader). A read that fails (OSError) ends
-        the RSS bound for this loop, quietly (counted in the stats): it
-        runs in the user's loop and inside collections."""
-        if self._rss is None:
-            return None
-        try:
-            return self._rss()
-        except (OSError, ValueError, IndexError):
-            self._rss = None
-            self._rss_limit = None
-            self.stats.rss_failures += 1
-            return None
+    def _step_aside(self, why: str) -> None:
+        """The program's settings stay in force for the rest of the loop:
+        the thresholds this collector set go back to the program's (unless
+        the program set its own), nothing of ours runs again; the freeze is
+        undone at the loop's end only if it is still ours alone."""
+        if self._aside:
+            return
+        self._aside = True
+        while self._on_collection in gc.callbacks:
+            gc.callbacks.remove(self._on_collection)
+        if self._saved is not None and gc.get_threshold() == self._ours:
+            gc.set_threshold(*self._saved[1])
+        self._saved = None
+        self._armed = False
+        self.stats.stepped_aside = why
+        _log.warning("tinker_rl_data: the GC policy steps aside for the rest of this training loop: %s", why)
 
     def _put_back(self, unfreeze: bool = True) -> None:
         while self._on_collection in gc.callbacks:
@@ -587,86 +443,51 @@ class StepCollector:
             gc.set_threshold(*thresholds)
             (gc.enable if enabled else gc.disable)()
             self._saved = None
-        if self._froze and unfreeze:
-            gc.unfreeze()
-            self._froze = False
-        self._guard_armed = False
-        self._passive = False
-        self._loop = None
-        self._rss_step = 0
-        self._rss_limit = None
-
-    def _guard_collect(self) -> None:
-        with self._lock:
-            if self._depth == 0 or self._passive or not self._guard_armed:
-                return
-            # What this collection leaves alive of the step's survivors
-            # (counted only for the max_tracked bound: a list of them).
-            survivors = _survivors() if self._counts_survivors() else 0
-            freed = self._collect()
-            self._kept += max(0, survivors - freed)
-            self.stats.guard_collections += 1
-            if self.survivors_fraction is not None:  # (the scale is the relative bound's)
-                self._learn(survivors, freed, by_survivors=self._by_survivors)
-            self._step_started(new_step=False)
-
-    def _relative_bound(self) -> int:
-        return max(int((self.survivors_fraction or 0) * self._held), MIN_SURVIVORS_BOUND)
-
-    def _learn(self, survivors: int, freed: int, by_survivors: bool) -> None:
-        """The survivors' bound for the loop's later steps, from what an
-        early collection found (see MAX_SURVIVORS_SCALE): raised only by
-        its own collections, lowered by any that finds garbage."""
-        if by_survivors and freed < GROWTH_FRACTION * survivors:
-            relative = self._relative_bound()
-            # Doubled until twice what it found live (a step's in-flight work
-            # varies from step to step), at most MAX_SURVIVORS_SCALE times.
-            while self._survivors_scale < MAX_SURVIVORS_SCALE and relative * self._survivors_scale < 2 * survivors:
-                self._survivors_scale *= 2
-            self.stats.live_collections += 1
-        elif 2 * freed >= survivors:
-            self._survivors_scale = 1
+        if unfreeze and self._froze:
+            if not _program_froze_over(self._froze):  # still ours alone
+                gc.unfreeze()
+            self._froze = 0
+        self._armed = False
+        self._aside = False
+        self._ours = ()
 
     def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
-        # Runs inside a collection (any thread, GIL held), where no other
-        # can start: the guard's collection is handed to the event loop.
-        if phase != "stop" or self._own_collect or self._depth == 0 or self._guard_armed:
+        # Runs inside a collection, in whichever thread allocated (GIL held,
+        # no other collection can start): no lock, no collection, no log and
+        # no change to gc.callbacks (CPython is iterating it) from here. A
+        # program's own settings are seen and answered at the step's end.
+        if phase != "stop" or self._depth == 0 or self._aside or gc.get_threshold() != self._ours:
+            return
+        if info["generation"] == 2:
+            if self._armed:
+                self.stats.guard_collections += 1
+                # What it left is the step's work in flight: later steps may
+                # hold as much again before one is armed.
+                self._live_peak = max(self._live_peak, sys.getallocatedblocks())
+            elif not self._own_collect:
+                self.stats.program_collections += 1
+            self._start_step()
             return
         self.stats.young_collections += 1
-        loop = self._loop  # read once: another thread's step end may clear it
-        if self._over_bound() and loop is not None:
-            self._guard_armed = True
-            try:
-                loop.call_soon_threadsafe(self._guard_collect)
-            except RuntimeError:  # the loop is closed
-                self._guard_armed = False
-
-    def _over_bound(self) -> bool:
-        if self._counts_survivors():
-            # Each young collection this step promoted at most `young`
-            # objects: count them exactly only when that bound could be past.
-            if gc.get_count()[1] * self.young >= self._next_tracked_check:
-                self.stats.tracked_checks += 1
-                survivors, bound = _survivors(), self._survivors_bound()
-                if survivors >= bound:
-                    self._by_survivors = True
-                    return True
-                self._next_tracked_check = gc.get_count()[1] * self.young + max(bound - survivors, 4 * self.young)
-        self._by_survivors = False
-        if self._rss is None or self._rss_limit is None:
-            return False
+        if self._armed or self.headroom is None:
+            return
         now = time.monotonic()
-        if now - self._last_check < _RSS_CHECK_INTERVAL:
-            return False
-        self._last_check = now
-        rss = self._read_rss()
-        return rss is not None and self._rss_limit is not None and rss > self._rss_limit
+        if now < self._next_check:
+            return
+        self._next_check = now + _CHECK_INTERVAL
+        if sys.getallocatedblocks() > self._limit:
+            # The next young collections go on to the oldest generation
+            # (CPython's own quarter check still applies).
+            self._armed = True
+            self._set_thresholds(self.young, 0, 0)
 
 
-def _survivors() -> int:
-    """Objects that survived young collections since the last full one
-    (the older generations are collected only in full: thresholds never)."""
-    return len(gc.get_objects(generation=1))
+def _program_froze_over(count: int) -> bool:
+    """Whether the program froze objects over the ``count`` this module
+    froze: the count grew (beyond the immortal objects CPython 3.12's
+    collections move there). Frozen objects that die leave the count, so it
+    only shrinks otherwise."""
+    return gc.get_freeze_count() > count + _INTERPRETER_FROZEN
 
 
 # Every collector, for the fork hook below.
@@ -675,11 +496,10 @@ _collectors: weakref.WeakSet[StepCollector] = weakref.WeakSet()
 
 def _forked_child() -> None:
     """A process forked inside a step (a pool made in a rollout, a grader's
-    worker) is not in that step: none of its ends or guard's collections
-    (on the parent's event loop) come there. Its collector is the
-    program's again (thresholds, enabled, callbacks); the setup's freeze
-    stays (those objects were live, and a frozen heap is what a fork
-    wants)."""
+    worker) is not in that step: none of its ends come there. Its
+    collector is the program's again (thresholds, enabled, callbacks); the
+    freeze stays (those objects were live, and a frozen heap is what a
+    fork wants)."""
     for collector in list(_collectors):
         collector._lock = threading.RLock()  # a thread of the parent may have held it
         if collector._depth:
@@ -694,13 +514,7 @@ COLLECTOR = StepCollector()
 
 
 def configure(
-    headroom: float | None = _FROM_ENV,
-    min_headroom: int = DEFAULT_MIN_HEADROOM,
-    young: int | None = None,
-    max_rss_growth: int | None = None,
-    max_tracked: int | None = 4_000_000,
-    freeze: bool = True,
-    survivors_fraction: float | None = DEFAULT_SURVIVORS_FRACTION,
+    headroom: float | None = _FROM_ENV, young: int | None = None, freeze: bool = True, middle: int | None = None
 ) -> StepCollector:
     """Set :data:`COLLECTOR`'s options (those of :class:`StepCollector`;
     unnamed ones to their defaults) and zero its stats; what
@@ -709,7 +523,7 @@ def configure(
     with COLLECTOR._lock:
         if COLLECTOR.active:
             raise RuntimeError("the collector is held to a running training loop: configure it before")
-        COLLECTOR._configure(young, headroom, min_headroom, max_rss_growth, max_tracked, freeze, survivors_fraction)
+        COLLECTOR._configure(young, headroom, freeze, middle)
         COLLECTOR.stats = StepStats()
     return COLLECTOR
 
@@ -724,8 +538,6 @@ def probe_wrapper(original: Callable[..., Any], ours: Callable[..., Any]) -> Non
     """The wrappers change when the collector runs, nothing else: what the
     probe checks is that the cookbook's function is still what they wrap
     (a coroutine function, as the loop awaits it)."""
-    import inspect
-
     if not (inspect.iscoroutinefunction(original) and inspect.iscoroutinefunction(ours)):
         raise ProbeFailed(f"{original.__name__} is no longer a coroutine function")
     if ours.__wrapped__ is not original:  # type: ignore[attr-defined]
@@ -758,16 +570,6 @@ def configured(options: Any) -> None:
         configure(headroom=options["gc_headroom"])
 
 
-class _RunningLoop:
-    """Where a worker's guard collection runs: the event loop running in
-    the thread where the guard fires (a rollout's ``asyncio.run`` loop, or
-    tinker's client thread). RuntimeError when there is none: the collector
-    then tries again at a later young collection."""
-
-    def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any) -> Any:
-        return asyncio.get_running_loop().call_soon_threadsafe(callback, *args)
-
-
 class RolloutSteps(WorkerPart):
     """In a rollout worker: each group rollout is a step of ``collector``
     (held before it, released after it, raised or not), the releases'
@@ -779,7 +581,7 @@ class RolloutSteps(WorkerPart):
 
     @contextlib.contextmanager
     def rollout(self) -> Iterator[None]:
-        self.collector.step_held(_RunningLoop())  # type: ignore[arg-type]  # a loop in call_soon_threadsafe only
+        self.collector.step_held()
         try:
             yield
         finally:
@@ -799,21 +601,14 @@ class RolloutSteps(WorkerPart):
 
 
 def worker_started(start: WorkerStart) -> RolloutSteps | None:
-    """The feature's ``worker`` hook: a new collector, settled (one full
-    collection, the worker's imports frozen), held to each rollout; None
-    in the driver's own process while its loop holds :data:`COLLECTOR`."""
+    """The feature's ``worker`` hook: a new collector (the driver's
+    headroom: the worker takes its switches) held to each rollout; None in
+    the driver's own process while its loop holds :data:`COLLECTOR`."""
     if COLLECTOR.active and start.inherited and not start.driver:
         COLLECTOR.restore()  # a copy of the driver's loop state
     if COLLECTOR.active:
         return None
-    # No survivors' bound relative to the process here: it counts the old
-    # generation at each step's start, and a worker's step is one group
-    # rollout (measured: many_short in a spawn pool of 2, 18.4 s a step with
-    # it, 6.8-7.2 s without, stock 15.1 s); the absolute bound and the RSS
-    # guard stay.
-    collector = StepCollector(survivors_fraction=None)
-    collector.settle()
-    return RolloutSteps(collector)
+    return RolloutSteps(StepCollector())
 
 
 FEATURE = Feature(
@@ -824,9 +619,9 @@ FEATURE = Feature(
         Option(
             "gc_headroom",
             None,
-            "the collector's memory guard, as a fraction of RSS",
+            "how far the small objects' memory grows in a step before a full collection, as a fraction",
             variable=switches.GC_HEADROOM,
-            example="0.1",
+            example="0.25",
         ),
     ),
     configure=configured,
