@@ -52,10 +52,10 @@ VARIABLES = (
     Variable(DISABLE, "unset", "`install()` installs nothing and says so (to bisect a difference)", "1"),
     Variable(
         GC_HEADROOM,
-        "0.5",
+        "0.25",
         "a full collection inside a step once Python's small objects grew by this fraction since the last one "
         "(`0`: at once; `off`: none until the step's end)",
-        "0.25",
+        "0.5",
     ),
     Variable(HUGEPAGES, "on", "no huge-page advice on fresh outputs of 4 MiB and more", "0", read_by="the core, per call"),
     Variable(
@@ -90,7 +90,7 @@ def skipped() -> frozenset[str]:
 
 
 def gc_headroom(default: float | None) -> float | None:
-    """``TINKER_RL_DATA_GC_HEADROOM`` as a fraction (``0.5`` or ``50%``;
+    """``TINKER_RL_DATA_GC_HEADROOM`` as a fraction (``0.25`` or ``25%``;
     ``off`` or ``none``: None); ``default`` when unset, or with a
     warning when not a number >= 0 (a typo does not stop a training run)."""
     raw = os.environ.get(GC_HEADROOM, "").strip()
@@ -103,7 +103,7 @@ def gc_headroom(default: float | None) -> float | None:
     except ValueError:
         value = -1.0
     if not 0 <= value < float("inf"):
-        warnings.warn(f"{GC_HEADROOM}={raw!r} is not a fraction >= 0 (e.g. 0.5) or off: {default} used", stacklevel=3)
+        warnings.warn(f"{GC_HEADROOM}={raw!r} is not a fraction >= 0 (e.g. 0.25) or off: {default} used", stacklevel=3)
         return default
     return value
 

@@ -491,6 +491,28 @@ def test_garbage_reaching_the_old_generation_is_collected_inside_the_step(monkey
     assert unbounded > 300_000 and bounded < unbounded / 2, (bounded, unbounded)
 
 
+def test_a_later_step_holds_its_work_in_flight_again_unscanned(monkeypatch):
+    # Each step keeps a batch of objects to its end (work in flight, far
+    # more than the headroom of what the process held): the first step's
+    # armed collections find it live; the later steps' bound allows as much
+    # again, and they run with no full collection but their end's.
+    monkeypatch.setattr(_gc_step, "_CHECK_INTERVAL", 0.0)
+    collector = StepCollector(headroom=0.25)
+    armed_per_step = []
+    collector.loop_started()
+    try:
+        batch = 2 * len(gc.get_objects())
+        for _ in range(3):
+            before = collector.stats.guard_collections
+            in_flight = [{"i": [i]} for i in range(batch)]
+            armed_per_step.append(collector.stats.guard_collections - before)
+            del in_flight
+            collector.step_ended()
+    finally:
+        collector.loop_ended()
+    assert armed_per_step[0] >= 1 and armed_per_step[1:] == [0, 0], (armed_per_step, collector.stats)
+
+
 def test_headroom_from_the_environment(monkeypatch):
     monkeypatch.setenv(_gc_step.HEADROOM_ENV, "0.05")
     collector = StepCollector()

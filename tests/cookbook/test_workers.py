@@ -197,6 +197,17 @@ def test_a_result_brings_the_workers_report_back():
     _workers.reset()
 
 
+@pytest.mark.parametrize("identity", [None, ("host", 7), ("host", "7", "t"), 42, ["h", 7, "t", "x"]])
+def test_a_result_with_a_malformed_identity_counts_as_an_unknown_worker(identity):
+    _workers.reset()
+    assert deliver(identity, summary={"installed": ["x"]}, counters={"rollouts": 1}, result="r") == "r"
+    assert deliver(identity, counters={"rollouts": 3}, delta={"rollouts": 2}) is None
+    [entry] = _workers.seen()
+    assert (entry["host"], entry["pid"]) == _workers.UNKNOWN_WORKER[:2] and entry["counters"] == {"rollouts": 3}
+    assert _workers.totals()["workers"] == 1 and _workers.totals()["counters"] == {"rollouts": 3}
+    _workers.reset()
+
+
 def test_two_thousand_workers_keep_a_bounded_record(monkeypatch):
     """A run that recycles its workers (max_tasks_per_child, Ray) sees
     thousands: the driver keeps totals and the last few, and a new

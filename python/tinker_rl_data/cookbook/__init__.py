@@ -62,7 +62,7 @@ def install(*, strict: bool | None = None, **options: Any) -> Report:
       (:mod:`.gc_step`): changes when it runs, not what is computed.
       ``gc_headroom``: a full collection inside a step once the memory of
       Python's small objects grew by this fraction since the last one
-      (default ``TINKER_RL_DATA_GC_HEADROOM`` or 0.5).
+      (default ``TINKER_RL_DATA_GC_HEADROOM`` or 0.25).
     - always, where a rollout executor runs the rollouts in other processes
       (a spawn or forkserver pool, Ray): each worker installs the same
       features with the same switches before its first rollout, decided by

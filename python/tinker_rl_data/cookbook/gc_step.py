@@ -22,19 +22,20 @@ things, and only when the collector runs:
   cycles die young, as they do without this module). The oldest is
   collected when the memory of Python's small objects
   (``sys.getallocatedblocks()``, frozen ones included, read at most every
-  50 ms at a young collection) has grown by ``headroom`` (0.5; CPython
-  counts a quarter, of objects) past what the last full collection left,
-  or past the most that such a collection inside an earlier step of the
-  loop left (the step's work in flight: a step may hold as much again
-  without a scan of it). The collection is armed by the thresholds, so it
+  50 ms at a young collection) has grown by ``headroom`` (0.25, as
+  CPython's quarter, but of memory) of the step's long-lived objects (or of
+  its work in flight, where that is larger) past what the last full
+  collection left, or past the step's base plus the most an armed
+  collection in an earlier step of the loop found in flight (a step may
+  hold as much again without a scan of it). The collection is armed by the thresholds, so it
   runs in whichever thread allocates next, inside a synchronous stretch (a
   grader that never awaits) too; CPython's own check still applies (the
   objects that reached the oldest generation since its last collection
   are a quarter of those it kept then). The counts that make CPython scan
   the whole heap at every quarter of growth are gone, a bound on memory is
-  kept: a step's garbage takes at most about ``headroom`` of the memory the
-  process's small objects held live (frozen ones included) before it is
-  collected.
+  kept: a step's garbage takes at most about ``headroom`` of the memory of
+  the process's long-lived small objects (frozen ones included) before it
+  is collected.
 - **Each step ends with one full collection**: the step's work in flight,
   dead by then, is freed before the next step starts.
 
@@ -46,8 +47,8 @@ force (a freeze is seen at the next renewal, before anything is unfrozen).
 When the loop returns or raises, and on :meth:`StepCollector.restore`, the
 state this module set is put back (the program's thresholds and enabled
 flag, its objects unfrozen, its callback removed). ``headroom`` is set by
-``install(gc_headroom=...)`` or ``TINKER_RL_DATA_GC_HEADROOM`` (``0.5`` or
-``50%``; ``0``: a full collection as soon as anything grew; ``off``: none
+``install(gc_headroom=...)`` or ``TINKER_RL_DATA_GC_HEADROOM`` (``0.25`` or
+``25%``; ``0``: a full collection as soon as anything grew; ``off``: none
 inside a step), the same in the driver and in rollout workers.
 
 Steps with no training loop around them (a rollout worker's group
@@ -111,7 +112,7 @@ _INTERPRETER_FROZEN = 4096 if sys.version_info[:2] == (3, 12) else 0
 #: The environment variable for the headroom (a fraction; ``off`` for none),
 #: read when a loop starts if no headroom was given.
 HEADROOM_ENV = switches.GC_HEADROOM
-DEFAULT_HEADROOM = 0.5
+DEFAULT_HEADROOM = 0.25
 # A sentinel: the headroom from the environment (else the default).
 _FROM_ENV: Any = object()
 # Set on this module's step wrappers (and copied by functools.wraps onto a
@@ -159,7 +160,7 @@ class StepCollector:
     program's when the loop starts, 700 by default). ``headroom``: the
     growth of the small objects' memory since the last full collection, as
     a fraction of it, after which a full collection runs inside a step
-    (default: from :data:`HEADROOM_ENV`, else 0.5; None: none until the
+    (default: from :data:`HEADROOM_ENV`, else 0.25; None: none until the
     step's end). ``freeze``: freeze the long-lived objects at the ends of
     steps 1, 4, 16, .... ``middle``: the generation-1 threshold inside a
     step (None: the program's, 10 by default; the bench's knob).
@@ -179,7 +180,8 @@ class StepCollector:
         self._own_collect = False  # this collector's step-end collection is running
         self._middle = 10  # the program's generation-1 threshold, kept inside steps
         self._limit = 0  # allocated blocks past which a full collection is armed
-        self._live_peak = 0  # the most allocated blocks a full collection inside a step left (this loop)
+        self._base = 0  # allocated blocks after the step's first collection (its long-lived objects)
+        self._in_flight = 0  # the most blocks above its base an armed collection left in a step (this loop)
         self._next_check = 0.0
         self._renewals = 0  # step ends seen by the freeze's schedule (across a worker's held steps)
         self._configure(young, headroom, freeze, middle)
@@ -207,7 +209,7 @@ class StepCollector:
                 self._depth += 1
                 return
             self._renewals = 0
-            self._live_peak = 0
+            self._in_flight = 0
             self._hold()
 
     def loop_ended(self) -> None:
@@ -227,7 +229,7 @@ class StepCollector:
             self.stats.steps += 1
             self._end_step()
             if not self._aside:
-                self._start_step()
+                self._start_step(new_step=True)
 
     def step_held(self) -> None:
         """A step with no training loop around it (a rollout worker's group
@@ -264,7 +266,7 @@ class StepCollector:
             self._depth = 0
             self._put_back()
             self._renewals = 0
-            self._live_peak = 0
+            self._in_flight = 0
 
     @property
     def active(self) -> bool:
@@ -362,17 +364,26 @@ class StepCollector:
             self.young = self.young_setting or gc.get_threshold()[0]
             self._middle = self.middle_setting or gc.get_threshold()[1]
             gc.callbacks.append(self._on_collection)
-            self._start_step()
+            self._start_step(new_step=True)
         except BaseException:
             self._depth = 0
             self._put_back()
             raise
 
-    def _start_step(self) -> None:
-        """After a full collection: the memory bound and the thresholds from
-        here (in this order: a young collection may run as soon as they are set)."""
+    def _start_step(self, new_step: bool = False) -> None:
+        """After a full collection (``new_step``: the step's first): the
+        memory bound and the thresholds from here (in this order: a young
+        collection may run as soon as they are set). The bound: what is
+        held now, or the step's base plus an earlier step's work in flight,
+        plus the headroom of the larger of the base and what is in flight
+        (so that a step growing far past its base is collected a bounded
+        number of times, each scan paid for by as much growth)."""
         if self.headroom is not None:
-            self._limit = int(max(sys.getallocatedblocks(), self._live_peak) * (1 + self.headroom))
+            now = sys.getallocatedblocks()
+            if new_step:
+                self._base = now
+            held = max(now, self._base + self._in_flight)
+            self._limit = int(held + self.headroom * max(self._base, held - self._base))
         self._armed = False
         self._next_check = 0.0
         self._set_thresholds(self.young, self._middle, _NEVER)
@@ -461,9 +472,9 @@ class StepCollector:
         if info["generation"] == 2:
             if self._armed:
                 self.stats.guard_collections += 1
-                # What it left is the step's work in flight: later steps may
-                # hold as much again before one is armed.
-                self._live_peak = max(self._live_peak, sys.getallocatedblocks())
+                # What it left above the step's base is the step's work in
+                # flight: later steps may hold as much again unscanned.
+                self._in_flight = max(self._in_flight, sys.getallocatedblocks() - self._base)
             elif not self._own_collect:
                 self.stats.program_collections += 1
             self._start_step()
@@ -621,7 +632,7 @@ FEATURE = Feature(
             None,
             "how far the small objects' memory grows in a step before a full collection, as a fraction",
             variable=switches.GC_HEADROOM,
-            example="0.25",
+            example="0.5",
         ),
     ),
     configure=configured,

@@ -149,6 +149,23 @@ def _me() -> tuple[str, int, str]:
     return (socket.gethostname(), os.getpid(), _TOKEN)
 
 
+#: Where a result's identity is not a (host, pid, token) triple (a result
+#: mangled on its way back): recorded as this one worker, in the totals.
+UNKNOWN_WORKER = ("unknown", 0, "")
+
+
+def _identity(worker: Any) -> tuple[str, int, str]:
+    """``worker`` as the record's key (a list after some pickling), or
+    :data:`UNKNOWN_WORKER`."""
+    try:
+        host, pid, token = worker
+        if isinstance(host, str) and isinstance(pid, int) and isinstance(token, str):
+            return (host, pid, token)
+    except (TypeError, ValueError):
+        pass
+    return UNKNOWN_WORKER
+
+
 def follow(
     options: Any, strict: bool | None = None, gc_headroom: float | None = None, catalog: str = Settings.catalog
 ) -> None:
@@ -599,8 +616,8 @@ def _received(
 ) -> Any:
     try:
         with _seen_lock:
-            key = (worker[0], worker[1], worker[2])  # (a list, after some pickling)
-            entry = _recent.pop(key, None) or {"host": worker[0], "pid": worker[1]}
+            key = _identity(worker)
+            entry = _recent.pop(key, None) or {"host": key[0], "pid": key[1]}
             _recent[key] = entry
             if len(_recent) > SHOWN:
                 _recent.popitem(last=False)
