@@ -456,9 +456,14 @@ def test_a_synchronous_grading_s_garbage_is_bounded_as_without_the_collector():
         assert gc.get_threshold() == (700, 10, 10)
     finally:
         gc.set_threshold(*_default_thresholds)
-    # 900,000 nodes made: without the collector's young generations (what
-    # the previous policy held) about a tenth would wait for the step's end
-    assert held_peak <= max(1.25 * stock, 20_000), (held_peak, stock, stats)
+    # 900,000 nodes made: with generation 1 held (the previous policy) over
+    # a third waited for the step's end (350,000). Here what reaches the
+    # oldest generation (one grading's nodes a generation-1 collection, ~35,000
+    # at most) waits for the memory bound, a quarter of the long-lived small
+    # objects: in a small process (a test's, ~10 MB) that can be all of them,
+    # where CPython's count of a quarter of the long-lived objects collects
+    # sooner; the floor is that many nodes and the young generations'.
+    assert held_peak <= max(1.25 * stock, 50_000), (held_peak, stock, stats)
 
 
 def test_garbage_reaching_the_old_generation_is_collected_inside_the_step(monkeypatch):
