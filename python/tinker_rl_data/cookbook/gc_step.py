@@ -27,9 +27,10 @@ things, and only when the collector runs:
   its work in flight, where that is larger) past what the last full
   collection left, or past the step's base plus the most an armed
   collection in an earlier step of the loop found in flight (a step may
-  hold as much again without a scan of it). The collection is armed by the thresholds, so it
-  runs in whichever thread allocates next, inside a synchronous stretch (a
-  grader that never awaits) too; CPython's own check still applies (the
+  hold as much again without a scan of it). The collection is armed by
+  the thresholds, so it runs in whichever thread allocates next, inside a
+  synchronous stretch (a grader that never awaits) too; CPython's own
+  check still applies (the
   objects that reached the oldest generation since its last collection
   are a quarter of those it kept then). The counts that make CPython scan
   the whole heap at every quarter of growth are gone, a bound on memory is
