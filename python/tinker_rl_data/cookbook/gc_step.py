@@ -30,13 +30,12 @@ things, and only when the collector runs:
   hold as much again without a scan of it). The collection is armed by
   the thresholds, so it runs in whichever thread allocates next, inside a
   synchronous stretch (a grader that never awaits) too; CPython's own
-  check still applies (the
-  objects that reached the oldest generation since its last collection
-  are a quarter of those it kept then). The counts that make CPython scan
-  the whole heap at every quarter of growth are gone, a bound on memory is
-  kept: a step's garbage takes at most about ``headroom`` of the memory of
-  the process's long-lived small objects (frozen ones included) before it
-  is collected.
+  check still applies (the objects that reached the oldest generation
+  since its last collection are a quarter of those it kept then). The
+  counts that make CPython scan the whole heap at every quarter of growth
+  are gone, a bound on memory is kept: a step's garbage takes at most
+  about ``headroom`` of the memory of the process's long-lived small
+  objects (frozen ones included) before it is collected.
 - **Each step ends with one full collection**: the step's work in flight,
   dead by then, is freed before the next step starts.
 
