@@ -172,7 +172,7 @@ class StepCollector:
         self.stats = StepStats()
         self._lock = threading.RLock()
         self._depth = 0
-        self._saved: tuple[bool, tuple[int, ...]] | None = None
+        self._saved: tuple[int, ...] | None = None  # the program's thresholds (the enabled flag is never ours)
         self._ours: tuple[int, ...] = ()  # the thresholds this collector set last
         self._froze = 0  # the freeze count this collector left (0: none of ours)
         self._aside = False  # the program changed the collector's settings: hands off
@@ -360,7 +360,7 @@ class StepCollector:
         try:
             if self.headroom_setting is _FROM_ENV:
                 self.headroom = headroom_from_env()
-            self._saved = (gc.isenabled(), gc.get_threshold())
+            self._saved = gc.get_threshold()
             self.young = self.young_setting or gc.get_threshold()[0]
             self._middle = self.middle_setting or gc.get_threshold()[1]
             gc.callbacks.append(self._on_collection)
@@ -437,22 +437,22 @@ class StepCollector:
         if self._aside:
             return
         self._aside = True
-        while self._on_collection in gc.callbacks:
-            gc.callbacks.remove(self._on_collection)
+        self._remove_callback()
         if self._saved is not None and gc.get_threshold() == self._ours:
-            gc.set_threshold(*self._saved[1])
+            gc.set_threshold(*self._saved)
         self._saved = None
         self._armed = False
         self.stats.stepped_aside = why
         _log.warning("tinker_rl_data: the GC policy steps aside for the rest of this training loop: %s", why)
 
-    def _put_back(self, unfreeze: bool = True) -> None:
+    def _remove_callback(self) -> None:
         while self._on_collection in gc.callbacks:
             gc.callbacks.remove(self._on_collection)
+
+    def _put_back(self, unfreeze: bool = True) -> None:
+        self._remove_callback()
         if self._saved is not None:
-            enabled, thresholds = self._saved
-            gc.set_threshold(*thresholds)
-            (gc.enable if enabled else gc.disable)()
+            gc.set_threshold(*self._saved)
             self._saved = None
         if unfreeze and self._froze:
             if not _program_froze_over(self._froze):  # still ours alone
