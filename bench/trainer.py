@@ -1,7 +1,8 @@
 """The user's trainer step: tinker-cookbook's own `rl.train.main` (default
 sync path, unmodified) with tinker's real client, against a fake tinker
 service in its own process on 127.0.0.1 that answers at once
-(tests/support/fake_tinker.py), so only the client's time is counted.
+(tests/support/fake_tinker.py), so only the client's time is counted, or
+(--latency) after the time a service takes.
 
 Per workload (tests/support/cookbook_env.py: tests/support/workloads.py's
 shapes as a token-list environment, plus `tiny`), each variant runs N steps
@@ -61,6 +62,12 @@ Modes users run (each applies to every variant of the invocation):
                 num_minibatches=--minibatches (2))
   --batch-scale K
                 K times the workload's groups per step
+  --latency SPEC
+                the fake service takes time (tests/support/fake_tinker.py
+                `Latency`; `on`: 0.5 s + 4 ms per token a sample, 512
+                sequences at once, the rest queued; forward_backward and
+                optim_step 50 ms each; a poll of a future not ready held until
+                it is): the table gains what the service saw
   --garbage KIND:MB[+KIND:MB]
                 the environment makes cyclic garbage as real ones do
                 (tests/support/garbage.py): step:MB every env.step (held
@@ -197,6 +204,35 @@ def render(results: dict[str, dict[str, list[dict[str, Any]]]], checks: dict[str
     return "\n".join(lines)
 
 
+def render_latency(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    """With --latency, what the service saw (fake_tinker's `Timeline`), per
+    variant, medians over runs: its sampler's span (first sample request to
+    the last sequence's end), the share of its slot-seconds busy, the
+    seconds per step between sampling passes with nothing running or queued
+    (the service waiting for the client), polls answered try_again, and how
+    long after a result was ready the poll that took it was answered."""
+    lines = [
+        "What the service saw (its sampler, over each run's steps):",
+        "",
+        "| workload | variant | sampler span s | slots busy | sampler idle s / step | try_again | ready -> answered ms (mean) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, by_variant in results.items():
+        for v, runs in by_variant.items():
+            seen = [(r["requests"] or {}).get("latency") or {} for r in runs]
+            seen = [x for x in seen if x]
+            if not seen:
+                continue
+            slots = seen[0]["spec"]["slots"]
+            span = med([x["sampler_span_s"] for x in seen])
+            busy = med([x["busy_slot_s"] / (slots * x["sampler_span_s"]) for x in seen if x["sampler_span_s"]])
+            idle = med([x["idle_s"] / max(1, len(r["steps"]) - 1) for x, r in zip(seen, runs)])
+            tries = med([x["try_again"] for x in seen])
+            delay = med([(x["fetch_delay_mean_s"] or 0.0) * 1e3 for x in seen])
+            lines.append(f"| {name} | {v} | {span:,.1f} | {busy:.0%} | {idle:,.2f} | {tries:,.0f} | {delay:,.1f} |")
+    return "\n".join(lines)
+
+
 def render_soak(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
     """Per step (each variant's first run): RSS at the step's end and its
     peak within the step (MB), full collections, GC ms; then the growth of
@@ -250,6 +286,8 @@ def describe_mode(args: argparse.Namespace) -> str:
         parts.append(f"{args.batch_scale}x groups per step")
     if args.garbage:
         parts.append(f"garbage {args.garbage}")
+    if args.latency:
+        parts.append(f"service latency {args.latency}")
     return ", ".join(parts) or "sync, defaults"
 
 
@@ -334,6 +372,8 @@ def main() -> None:
                     walls = ", ".join(f"{s['wall_ms']:,.0f}" for s in r["steps"])
                     print(f"{name} {v} run {run}: steps {walls} ms; {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)
     table = render(results, checks, args)
+    if args.latency:
+        table += "\n\n" + render_latency(results)
     if args.soak:
         table += "\n\n" + render_soak(results)
     print()

@@ -1,5 +1,6 @@
 """A fake tinker service for measuring the client: every endpoint tinker
-0.38's client calls during tinker-cookbook's `rl.train.main`, answered at once.
+0.38's client calls during tinker-cookbook's `rl.train.main`, answered at once
+(or, with --latency, after the time a service takes).
 
 It runs in its own process (asyncio, one thread) on 127.0.0.1 only, so the
 trainer's process holds the client alone. Sampling returns seeded random
@@ -18,6 +19,13 @@ SIGTERM or after --timeout seconds. With --capture FILE (`FakeTinker(capture=...
 it appends each request as received (method, path, HTTP version, headers,
 body) to FILE, read back by `read_capture`.
 
+With --latency SPEC (opt-in; `FakeTinker(latency=SPEC)`), the service takes
+time (`Latency`): a sample's result is ready base + per-token seconds after a
+sampler slot starts it (N slots, the rest queued in arrival order),
+forward_backward and optim_step take their times one after another, and a
+poll of a future not yet ready is held (a long poll) until it is or until
+`hold` seconds, then answered try_again, as tinker's client expects.
+
 With --faults SPEC (opt-in; `FakeTinker(faults=SPEC)`), a seeded schedule
 of faults (`Faults`): HTTP 500/503, 429 with Retry-After, 408, an empty-body
 400, a closed connection, a lost response (done, then the connection
@@ -28,7 +36,7 @@ its path, what it asks for and how many times that was asked before, not
 on arrival order or timing: two runs sending the same requests see the
 same faults.
 
-    python tests/support/fake_tinker.py [--seed N] [--record DIR] [--faults SPEC] [--timeout S]
+    python tests/support/fake_tinker.py [--seed N] [--record DIR] [--faults SPEC] [--latency SPEC] [--timeout S]
                                         [--parent-pid PID] [--capture FILE]
 
 prints `port <N>` on stdout once it listens. From Python, `FakeTinker()` is
@@ -126,6 +134,149 @@ class Faults:
         return kinds[int(self.draw("kind", path, key, attempt) * len(kinds))]
 
 
+class Latency:
+    """A service that takes time. SPEC is comma-separated `key=value`s:
+
+      base=S     a sample sequence's time before its first token (default 0.5)
+      token=S    and per token of its max_tokens (default 0.004)
+      slots=N    sequences sampled at once (default 512): a request of k
+                 samples is k sequences, each started when a slot frees, in
+                 arrival order (FIFO); its result is ready when its last
+                 sequence ends
+      fb=S       a forward_backward's time (default 0.05), plus
+      fb_token=S per target token of its Datums (default 2e-6)
+      optim=S    an optim_step's time (default 0.05); training requests run
+                 one at a time, in arrival order (one model)
+      hold=S     a retrieve_future of a future not yet ready is held (a long
+                 poll) until it is, or S seconds (default 10), then answered
+                 try_again (queue_state active): tinker's client polls again
+      held=N     at most N polls held at once (default 4096: each is an open
+                 connection); a poll past it is answered try_again at once
+
+    What it measured is in requests.json's "latency" (`Service.latency_json`):
+    the sampler's busy slot-seconds and its span (first sample request to
+    last sequence's end), slot-seconds free with nothing queued and seconds
+    with no sequence at all (the service waiting for the client), and how
+    long after a result was ready the poll that took it was answered.
+    """
+
+    def __init__(self, spec: str) -> None:
+        opts = dict(item.split("=", 1) for item in spec.split(",") if item and item != "on")
+        unknown = set(opts) - {"base", "token", "slots", "fb", "fb_token", "optim", "hold", "held"}
+        if unknown:
+            raise ValueError(f"unknown latency options {sorted(unknown)} in {spec!r}")
+        self.base = float(opts.get("base", 0.5))
+        self.token = float(opts.get("token", 0.004))
+        self.slots = int(opts.get("slots", 512))
+        self.fb = float(opts.get("fb", 0.05))
+        self.fb_token = float(opts.get("fb_token", 2e-6))
+        self.optim = float(opts.get("optim", 0.05))
+        self.hold = float(opts.get("hold", 10.0))
+        self.held = int(opts.get("held", 4096))
+
+
+class Timeline:
+    """The latency model's state in the service: the sampler's slots and
+    FIFO queue, the training lane, which futures are not ready yet and the
+    polls held for them."""
+
+    def __init__(self, latency: Latency) -> None:
+        from collections import deque
+
+        self.latency = latency
+        self.queue: deque[list[Any]] = deque()  # [request id, sequences not started, seconds each]
+        self.running = 0
+        self.left: dict[str, int] = {}  # sample future -> sequences not finished
+        self.pending: set[str] = set()  # futures not ready
+        self.ready_at: dict[str, float] = {}  # sample future -> when it became ready
+        self.waiters: dict[str, list[Callable[[], None]]] = {}  # future -> held polls
+        self.held = 0
+        self.train_free = 0.0
+        # measured
+        self.first = self.last = None  # type: float | None
+        self.busy = 0.0  # slot-seconds sampling
+        self.starved = 0.0  # slot-seconds free with nothing queued
+        self.idle = 0.0  # seconds with no sequence running and none queued
+        self.changed = 0.0
+        self.fetch_delays: list[float] = []
+        self.try_agains = 0
+
+    def _account(self, now: float) -> None:
+        if self.first is not None:
+            dt = now - self.changed
+            self.busy += self.running * dt
+            if not self.queue:
+                self.starved += (self.latency.slots - self.running) * dt
+                if not self.running:
+                    self.idle += dt
+        self.changed = now
+
+    def sample(self, rid: str, n: int, max_tokens: int) -> None:
+        now = time.monotonic()
+        self._account(now)
+        if self.first is None:
+            self.first = self.changed = now
+        self.pending.add(rid)
+        self.left[rid] = n
+        self.queue.append([rid, n, self.latency.base + self.latency.token * max_tokens])
+        self._start(now)
+
+    def _start(self, now: float) -> None:
+        loop = asyncio.get_running_loop()
+        while self.queue and self.running < self.latency.slots:
+            entry = self.queue[0]
+            take = min(entry[1], self.latency.slots - self.running)
+            entry[1] -= take
+            self.running += take
+            loop.call_later(entry[2], self._finish, entry[0], take)
+            if entry[1] == 0:
+                self.queue.popleft()
+
+    def _finish(self, rid: str, n: int) -> None:
+        now = time.monotonic()
+        self._account(now)
+        self.running -= n
+        self.last = now
+        self.left[rid] -= n
+        if self.left[rid] == 0:
+            del self.left[rid]
+            self.ready_at[rid] = now
+            self._ready(rid)
+        self._start(now)
+
+    def train(self, rid: str, seconds: float) -> None:
+        now = time.monotonic()
+        self.train_free = max(now, self.train_free) + seconds
+        self.pending.add(rid)
+        asyncio.get_running_loop().call_later(self.train_free - now, self._ready, rid)
+
+    def _ready(self, rid: str) -> None:
+        self.pending.discard(rid)
+        for answer in self.waiters.pop(rid, ()):
+            answer()
+
+    def fetched(self, rid: str) -> None:
+        ready = self.ready_at.pop(rid, None)
+        if ready is not None:
+            self.fetch_delays.append(time.monotonic() - ready)
+
+    def json(self) -> dict[str, Any]:
+        delays = sorted(self.fetch_delays)
+        span = (self.last - self.first) if self.first is not None and self.last is not None else 0.0
+        return {
+            "spec": vars(self.latency),
+            "sampler_span_s": span,
+            "busy_slot_s": self.busy,
+            "starved_slot_s": self.starved,
+            "idle_s": self.idle,
+            "fetched": len(delays),
+            "fetch_delay_mean_s": sum(delays) / len(delays) if delays else None,
+            "fetch_delay_p50_s": delays[len(delays) // 2] if delays else None,
+            "fetch_delay_max_s": delays[-1] if delays else None,
+            "try_again": self.try_agains,
+        }
+
+
 def _load_pb2() -> Any:
     """tinker's protobuf messages, without importing the `tinker` package
     (seconds of CPU per service started)."""
@@ -142,8 +293,14 @@ def _load_pb2() -> Any:
 
 
 class Service:
-    def __init__(self, seed: int, record: Path | None, faults: Faults | None = None) -> None:
+    def __init__(
+        self, seed: int, record: Path | None, faults: Faults | None = None, latency: Latency | None = None
+    ) -> None:
         import numpy as np
+
+        if faults is not None and latency is not None:
+            raise ValueError("faults and a latency model are not combined")
+        self.timeline = Timeline(latency) if latency is not None else None
 
         self.np = np
         self.pb = _load_pb2()
@@ -184,7 +341,8 @@ class Service:
         faults = None if self.faults is None else {k: v for k, v in vars(self.faults).items() if k != "attempts"}
         if faults is not None and faults["kinds"] is not None:
             faults["kinds"] = sorted(faults["kinds"])
-        return {"paths": self.tally, "samples": self.samples, "faults": faults}
+        latency = self.timeline.json() if self.timeline is not None else None
+        return {"paths": self.tally, "samples": self.samples, "faults": faults, "latency": latency}
 
     def _future(self, kind: str, payload: Any, fault_key: list[str] | None = None, **extra: Any) -> dict[str, Any]:
         self.next_id += 1
@@ -203,6 +361,14 @@ class Service:
         headers (`headers`)."""
         name = path.split("?", 1)[0]
         self._count(name, "received")
+        timeline = self.timeline
+        if timeline is not None and name == "/api/v1/retrieve_future":
+            rid = json.loads(body).get("request_id")
+            if rid in timeline.pending:
+                if timeline.held >= timeline.latency.held:
+                    timeline.try_agains += 1
+                    return (*self._json({"type": "try_again", "request_id": rid, "queue_state": "active"}), {})
+                return 0, "", b"", {"hold": rid}
         if self.faults is not None and name in FAULT_PATHS:
             out = self.faulted(name, body)
         else:
@@ -363,9 +529,10 @@ class Service:
             )
         if name == "/api/v1/optim_step":
             lr = float((req.get("adam_params") or {}).get("learning_rate", 0.0))
-            return self._json(
-                self._future("json", {"metrics": {"optim/fake_lr": lr}}, fault_key, model_id=MODEL_ID)
-            )
+            answer = self._future("json", {"metrics": {"optim/fake_lr": lr}}, fault_key, model_id=MODEL_ID)
+            if self.timeline is not None:
+                self.timeline.train(answer["request_id"], self.timeline.latency.optim)
+            return self._json(answer)
         if name == "/api/v1/save_weights_for_sampler":
             seq = req.get("seq_id", 0)
             out: dict[str, Any] = {"type": "save_weights_for_sampler"}
@@ -431,7 +598,10 @@ class Service:
         draws = self._draws(key, n, take=True)
         ids = [f"seq-{key:08x}-{i}" for i in draws]
         scored = len(tokens) if req.get("prompt_logprobs") else 0
-        return self._future("sample", (key, tuple(draws), max_tokens, scored), fault_key, sample_sequence_ids=ids)
+        answer = self._future("sample", (key, tuple(draws), max_tokens, scored), fault_key, sample_sequence_ids=ids)
+        if self.timeline is not None:
+            self.timeline.sample(answer["request_id"], n, max_tokens)
+        return answer
 
     def sample_response(self, key: int, draws: tuple[int, ...], max_tokens: int, scored: int = 0) -> bytes:
         np, pb = self.np, self.pb
@@ -475,13 +645,19 @@ class Service:
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(np.asarray(lengths, dtype=np.int64) * 4, out=offsets[1:])
         field.offsets = offsets.tobytes()
-        return self._future("proto", out.SerializeToString(), fault_key, model_id=MODEL_ID)
+        answer = self._future("proto", out.SerializeToString(), fault_key, model_id=MODEL_ID)
+        if self.timeline is not None:
+            latency = self.timeline.latency
+            self.timeline.train(answer["request_id"], latency.fb + latency.fb_token * sum(lengths))
+        return answer
 
     def retrieve(self, req: dict[str, Any]) -> tuple[int, str, bytes]:
         entry = self.futures.pop(req["request_id"], None)
         if entry is None:
             return 410, "application/json", b'{"error": "no such future"}'
         kind, payload = entry
+        if self.timeline is not None:
+            self.timeline.fetched(req["request_id"])
         if kind == "sample":
             self.samples += len(payload[1])
             return 200, "application/x-protobuf", self.sample_response(*payload)
@@ -544,6 +720,9 @@ class HttpProtocol(asyncio.Protocol):
                 print(f"fake_tinker: {method} {path}: {exc!r}", file=sys.stderr, flush=True)
                 status, ctype, out, how = 500, "application/json", json.dumps({"error": repr(exc)}).encode(), {}
             assert self.transport is not None
+            if "hold" in how:  # a long poll: answered when its future is ready, or try_again
+                self._hold(how["hold"], method, path, body)
+                continue
             if how.get("close"):  # a closed connection, or a lost answer
                 self.transport.close()
                 self.buf.clear()
@@ -559,6 +738,36 @@ class HttpProtocol(asyncio.Protocol):
                 asyncio.get_running_loop().call_later(how["delay"], self._write, reply)
             else:
                 self.transport.write(reply)
+
+    def _reply(self, status: int, ctype: str, out: bytes) -> bytes:
+        return f"HTTP/1.1 {status} {REASONS[status]}\r\ncontent-type: {ctype}\r\ncontent-length: {len(out)}\r\n\r\n".encode() + out
+
+    def _hold(self, rid: str, method: str, path: str, body: bytes) -> None:
+        """Holds a poll of a future not ready: answered with its result once
+        it is, or try_again after the latency model's `hold` seconds."""
+        service = self.service
+        timeline = service.timeline
+        assert timeline is not None
+        timeline.held += 1
+        done = False
+
+        def answer(ready: bool) -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            timeline.held -= 1
+            if ready:
+                status, ctype, out = service.answer(method, "/api/v1/retrieve_future", body)
+            else:
+                timeline.try_agains += 1
+                status, ctype, out = service._json({"type": "try_again", "request_id": rid, "queue_state": "active"})
+            if status == 200:
+                service._count("/api/v1/retrieve_future", "answered")
+            self._write(self._reply(status, ctype, out))
+
+        timeline.waiters.setdefault(rid, []).append(lambda: answer(True))
+        asyncio.get_running_loop().call_later(timeline.latency.hold, answer, False)
 
     def _write(self, reply: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -584,7 +793,8 @@ async def serve(args: argparse.Namespace) -> None:
     record = Path(args.record) if args.record else None
     if record is not None:
         record.mkdir(parents=True, exist_ok=True)
-    service = Service(args.seed, record, Faults(args.faults) if args.faults else None)
+    faults = Faults(args.faults) if args.faults else None
+    service = Service(args.seed, record, faults, Latency(args.latency) if args.latency else None)
     if args.capture:
         service.on_request = capture_to(Path(args.capture))
     loop = asyncio.get_running_loop()
@@ -631,6 +841,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--record", default=None, help="write forward_backward bodies and requests.json here")
     p.add_argument("--faults", default=None, help="a seeded fault schedule (see Faults): SEED or key=value,...")
+    p.add_argument("--latency", default=None, help="a service that takes time (see Latency): key=value,... or on")
     p.add_argument("--timeout", type=float, default=3600.0, help="exit after this many seconds")
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is no longer the parent")
     p.add_argument("--capture", default=None, help="append every request received to this file (JSON lines)")
@@ -643,9 +854,10 @@ class FakeTinker:
 
     def __init__(
         self, seed: int = 0, record: Path | str | None = None, timeout: float = 3600.0, faults: str | None = None,
-        capture: Path | str | None = None,
+        capture: Path | str | None = None, latency: str | None = None,
     ) -> None:
         self.seed, self.record, self.timeout, self.faults = seed, record, timeout, faults
+        self.latency = latency  # a `Latency` SPEC: the service takes time
         self.capture = capture  # a file each request received is appended to (`read_capture`)
         self.requests: dict[str, Any] | None = None
         self.proc: subprocess.Popen[str] | None = None
@@ -659,6 +871,8 @@ class FakeTinker:
             cmd += ["--record", str(self.record)]
         if self.faults:
             cmd += ["--faults", self.faults]
+        if self.latency:
+            cmd += ["--latency", self.latency]
         if self.capture is not None:
             cmd += ["--capture", str(self.capture)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)

@@ -362,7 +362,9 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
         modes["stream_minibatch_config"] = train.StreamMinibatchConfig(
             groups_per_batch=groups, num_minibatches=args.minibatches
         )
-    with tempfile.TemporaryDirectory() as log_path, FakeTinker(seed=args.seed, record=record, faults=faults) as fake:
+    with tempfile.TemporaryDirectory() as log_path, FakeTinker(
+        seed=args.seed, record=record, faults=faults, latency=args.latency
+    ) as fake:
         executor = make_executor(args.executor)
         config = train.Config(
             learning_rate=1e-5,
@@ -442,7 +444,8 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
         "children_cpu_s": children_cpu() - children_cpu_start,
         "workers_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         "mode": {"executor": args.executor, "async": args.async_, "stream_minibatch": args.stream_minibatch,
-                 "batch_scale": args.batch_scale, "garbage": args.garbage},
+                 "batch_scale": args.batch_scale, "garbage": args.garbage,
+                 "latency": args.latency},
     }
     logging.getLogger("tinker_rl_data").removeHandler(left_handler)
     return out
@@ -509,6 +512,11 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "key=value,...; one per ';'-separated variant if as many); a run that raises is reported (its "
         "exception class) and the next one runs",
     )
+    p.add_argument(
+        "--latency", default=None,
+        help="the fake service takes time (tests/support/fake_tinker.py Latency: key=value,... or 'on' for its "
+        "defaults: 0.5 s + 4 ms per token a sample, 512 at once, results by long polls)",
+    )
     p.add_argument("--tolerance", choices=("failfast", "retry", "minviable"), default=None,
                    help="rollout_error_tolerance: FailFast, RetryOnFailure, MinViableGroup (default: the cookbook's)")
     p.add_argument("--rollout-timeout", type=float, default=None, help="per_rollout_timeout of --tolerance")
@@ -532,6 +540,7 @@ def run_flags(args: argparse.Namespace) -> list[str]:
     out += [] if args.install_kl else ["--no-install-kl"]
     out += ["--shared-prompt"] if args.shared_prompt else []
     out += ["--faults", args.faults] if args.faults else []
+    out += ["--latency", args.latency] if args.latency else []
     out += ["--tolerance", args.tolerance] if args.tolerance else []
     out += ["--rollout-timeout", str(args.rollout_timeout)] if args.rollout_timeout else []
     out += ["--soak"] if args.soak else []

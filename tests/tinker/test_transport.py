@@ -76,6 +76,31 @@ def test_the_step_requests_on_the_wire_are_stocks(tmp_path):
         assert mine == stocks
 
 
+# A service that takes time (fake_tinker.py's `Latency`): sequences wait for
+# one of 2 sampler slots, a poll of a future not ready is held 0.15 s then
+# answered try_again, training requests take their time one after another.
+LATENCY = "base=0.4,token=0,slots=2,hold=0.15,fb=0.3,fb_token=0,optim=0.2"
+
+
+@pytest.mark.parametrize("variant", ["stock", "installed"])
+def test_a_service_that_takes_time_answers_what_one_that_does_not_answers(variant, tmp_path):
+    instant, slow = run_child(f"{variant}@gather", tmp_path), run_child(f"{variant}@latency", tmp_path)
+    # The 4 at once draw in arrival order: the same draws, in any order.
+    assert slow["results"][:5] == instant["results"][:5]
+    assert sorted(slow["results"][5:]) == sorted(instant["results"][5:])
+    seen = slow["requests"]["latency"]
+    # 2 samples and compute_logprobs one after another, then 4 at once on 2
+    # slots: two waves. Each result was taken by a held poll once ready.
+    assert seen["fetched"] == 7
+    assert seen["busy_slot_s"] == pytest.approx(7 * 0.4, rel=0.1)
+    assert slow["gathered_s"] >= 0.8 > instant["gathered_s"]
+    assert seen["try_again"] >= 7  # every poll held past 0.15 s was answered try_again and polled again
+    assert seen["fetch_delay_max_s"] < 0.1
+    assert slow["elapsed_s"] >= 3 * 0.4 + 0.8 + 0.3 + 0.2
+    if variant == "installed":
+        assert slow["lean"] >= instant["lean"]
+
+
 def test_coalesced_sampling_goes_out_lean(tmp_path):
     run = run_child("coalesced", tmp_path)
     if not run["coalescing"]:
@@ -639,6 +664,11 @@ def child(variant: str, record: str, out: str) -> None:
     import tinker_rl_data.cookbook
     from tinker_rl_data.tinker import coalesce, transport
 
+    # @gather: 4 samples at once after the step's calls; @latency: so, from
+    # a service that takes time.
+    latency = LATENCY if variant.endswith("@latency") else None
+    gather = variant.endswith(("@latency", "@gather"))
+    variant = variant.removesuffix("@latency").removesuffix("@gather")
     coalescing = False
     if variant not in ("stock", "freed-stock", "hops-stock"):
         report = tinker_rl_data.cookbook.install(gc=False, coalesce=variant == "coalesced")
@@ -651,7 +681,8 @@ def child(variant: str, record: str, out: str) -> None:
     faults = {"cancel": "seed=1,rate=1,kinds=slow,slow=30", "cancel-polling": "seed=1,rate=1,kinds=try_again"}.get(variant)
     Path(record).mkdir(parents=True, exist_ok=True)
     wire = Path(record) / "wire.jsonl"
-    with FakeTinker(record=record, capture=wire, faults=faults) as fake:
+    started = time.monotonic()
+    with FakeTinker(record=record, capture=wire, faults=faults, latency=latency) as fake:
         service = tinker.ServiceClient(base_url=fake.base_url)
         sampler = service.create_sampling_client(base_model="fake/model")
         sampler = sampler.result() if hasattr(sampler, "result") else sampler  # 0.38: a future of it
@@ -678,8 +709,18 @@ def child(variant: str, record: str, out: str) -> None:
             )
             results.append(trainer.forward_backward([datum], "cross_entropy").result())
             results.append(trainer.optim_step(types.AdamParams(learning_rate=1e-4)).result())
+
+            async def four_at_once():
+                return await asyncio.gather(*(sampler.sample_async(prompt, 1, params) for _ in range(4)))
+
+            if gather:
+                t0 = time.monotonic()
+                results.extend(asyncio.run(four_at_once()))
+                result["gathered_s"] = time.monotonic() - t0
+            result["elapsed_s"] = time.monotonic() - started
             result["results"] = json.loads(json.dumps(results, default=repr))
         result["lean"] = transport._sent[0]
+    result["requests"] = fake.requests
     if not variant.startswith(("cancel", "freed", "hops")):
         result["wire"] = [{**r, "body": r["body"].hex()} for r in read_capture(wire)]
     Path(out).write_text(json.dumps(result))
