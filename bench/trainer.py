@@ -164,6 +164,9 @@ def summarize(runs: list[dict[str, Any]], skip_first: bool = True) -> dict[str, 
     out["full_collections"] = med([s["collections"][2] for s in steps])
     out["young_collections"] = med([s["collections"][0] + s["collections"][1] for s in steps])
     out["peak_rss_mb"] = med([r["peak_rss_mb"] for r in runs])
+    # Sequences the service sampled per step (with --record: its tally).
+    per_step = [(r.get("requests") or {}).get("samples", 0) / len(r["steps"]) for r in runs if r["steps"]]
+    out["samples"] = med(per_step)
     out["n_steps"] = len(steps)
     return out
 
@@ -183,8 +186,8 @@ def render(results: dict[str, dict[str, list[dict[str, Any]]]], checks: dict[str
         "medians over steps after each run's first (ms per step)",
         "",
         "| workload | variant | wall | ratio | client CPU | ratio | rollout CPU | train CPU | GC (full) | collections full / young "
-        "| page faults (train) | peak RSS MB (workers) | bodies, metrics | workers' install |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+        "| page faults (train) | peak RSS MB (workers) | samples / step | client CPU us / sample | bodies, metrics | workers' install |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for name, by_variant in results.items():
         base = summarize(by_variant["stock"]) if "stock" in by_variant else None
@@ -199,7 +202,9 @@ def render(results: dict[str, dict[str, list[dict[str, Any]]]], checks: dict[str
                 f"{s['train_cpu_ms']:,.0f} | {s['gc_ms']:,.0f} ({s['gc_full_ms']:,.0f}) | "
                 f"{s['full_collections']:.0f} / {s['young_collections']:.0f} | "
                 f"{s['faults']:,.0f} ({s['train_faults']:,.0f}) | "
-                f"{s['peak_rss_mb']:,.0f}{workers_rss(by_variant[v])} | {checks[name].get(v, '')} | {workers_seen(by_variant[v])} |"
+                f"{s['peak_rss_mb']:,.0f}{workers_rss(by_variant[v])} | {s['samples']:,.0f} | "
+                f"{s['cpu_ms'] * 1e3 / s['samples'] if s['samples'] else math.nan:,.0f} | "
+                f"{checks[name].get(v, '')} | {workers_seen(by_variant[v])} |"
             )
     return "\n".join(lines)
 
