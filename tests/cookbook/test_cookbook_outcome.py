@@ -169,6 +169,16 @@ def test_assemble_training_data_ends_as_the_cookbooks(name, route):
             assert_same_exception(theirs, mine, "group 1, trajectory 1, transition ")
 
 
+@pytest.mark.parametrize("advantage", [1, True, np.float32(0.5), torch.tensor(0.25)], ids=["int", "bool", "float32", "tensor"])
+def test_trajectory_to_data_with_an_advantage_that_is_not_a_float_is_the_cookbooks(advantage):
+    # With an int, the cookbook's advantages are int64 (ours made float32 before).
+    traj = Trajectory(transitions=[step(ob(text(1, 5)), [2, 3])], final_ob=ob())
+    theirs = outcome(cookbook.trajectory_to_data, traj, advantage)
+    mine = outcome(ours.trajectory_to_data, traj, advantage)
+    assert theirs[0] == "ok", theirs[1]
+    assert_same_datums(theirs[1], mine[1])
+
+
 def test_the_note_says_where_and_what():
     mine = outcome(ours.trajectory_to_data, traj_of("ob_none"), 0.5)
     assert type(mine[1]) is AttributeError

@@ -34,7 +34,8 @@ transition U: ...``), is added as a note (PEP 678) where it says more.
 Inputs the cookbook fails on where the native pass would read them (logprobs
 that are not a list, a token that is not an ``int``, a numpy integer or a
 buffer of them, an action without ``sequence_id``) go to it as well:
-the core finds them as it reads, with no Python step per token. The
+the core finds them as it reads, with no Python step per token; so does an
+advantage given to ``trajectory_to_data`` that is not a ``float``. The
 cookbook reads the batch again, so user code in it (a property) runs again;
 one-shot iterators (groups, advantages) are not read twice: ours raises its
 own exception then.
@@ -338,11 +339,15 @@ def _native_trajectory_to_data(
     cookbook attaches them (``include_provenance``, every action in the
     Datum with a ``sequence_id``, and at least one action token a target).
 
-    ``traj_advantage`` is taken as ``float(traj_advantage)``, as
-    ``assemble_training_data`` passes it. A trajectory the native pass
-    refuses is left to the cookbook's own function, as in
-    ``assemble_training_data``.
+    A trajectory the native pass refuses is left to the cookbook's own
+    function, as in ``assemble_training_data``; so is an advantage that is
+    not a ``float`` (with an int, the cookbook's advantages are int64).
+    Without tinker_cookbook, ``traj_advantage`` is taken as
+    ``float(traj_advantage)``, as ``assemble_training_data`` passes it.
     """
+    if exact and type(traj_advantage) is not float:
+        # The cookbook puts it in the advantages as it is (ints make them int64).
+        raise Unsupported(f"traj_advantage is a {type(traj_advantage).__name__}, not a float")
     where = _NOT_WHERE["trajectory_to_data"]
     groups, advantages = [_GroupView([traj])], [[float(traj_advantage)]]
     return _assemble(groups, advantages, include_provenance, strip_location=where, exact=exact)[0]
