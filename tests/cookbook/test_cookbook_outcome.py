@@ -46,6 +46,10 @@ def action(tokens, logprobs="default", sequence_id="s"):
     return TokensWithLogprobs(tokens=tokens, maybe_logprobs=logprobs, sequence_id=sequence_id)
 
 
+class Logprobs(list):
+    pass
+
+
 # name: (transitions, what the cookbook does: an exception class or "ok")
 CASES = {
     # A missing attribute: the cookbook's AttributeError (ours: a located TypeError).
@@ -74,6 +78,10 @@ CASES = {
         [step(ob(text(1)), [2]), acted(ob(text(1, 2, 5)), NS(tokens=[6], logprobs=[-0.5]))],
         AttributeError,
     ),
+    # Read natively, as the cookbook reads them (no fallback needed).
+    "bool_token": ([step(ob(text(1)), [2, True])], "ok"),
+    "tuple_tokens": ([acted(ob(text(1)), action((2, 3)))], "ok"),
+    "list_subclass_logprobs": ([acted(ob(text(1)), action([2, 3], Logprobs([-0.5, -0.25])))], "ok"),
     # The cookbook's own checks: its class (ours was a subclass), its message.
     "one_token": ([step(ob(text(1)), [])], DataValidationError),
     "missing_logprobs": ([step(ob(text(1)), [2], logprobs=None)], ValueError),
@@ -177,6 +185,17 @@ def test_trajectory_to_data_with_an_advantage_that_is_not_a_float_is_the_cookboo
     mine = outcome(ours.trajectory_to_data, traj, advantage)
     assert theirs[0] == "ok", theirs[1]
     assert_same_datums(theirs[1], mine[1])
+
+
+@pytest.mark.parametrize("name", ["compute_advantages", "remove_constant_reward_groups"])
+def test_a_group_without_get_total_rewards_is_the_cookbooks_attribute_error(name):
+    # Ours sums a duck-typed group's rewards only where tinker_cookbook is not importable.
+    group = NS(trajectories_G=[Trajectory(transitions=[], final_ob=ob())], final_rewards_G=[1.0])
+    theirs = outcome(getattr(cookbook, name), [group])
+    mine = outcome(getattr(ours, name), [group])
+    assert theirs[0] == mine[0] == "raised"
+    assert type(mine[1]) is type(theirs[1]) is AttributeError
+    assert (str(mine[1]), mine[1].args) == (str(theirs[1]), theirs[1].args)
 
 
 def test_the_note_says_where_and_what():
