@@ -14,7 +14,8 @@ leaves an input to the function it replaces.
   exactly; the caller hands it to the original function (:func:`left_to`).
 - :class:`ValidationError` (the core's): the contract's bad-input cases;
   the front doors raise them as their documented classes (evsys:
-  ``ValueError`` subclasses, the cookbook: its ``DataValidationError``).
+  ``ValueError`` subclasses; the cookbook: its own function's outcome,
+  or, without tinker_cookbook, its ``DataValidationError``).
 """
 
 from __future__ import annotations

@@ -106,10 +106,12 @@ def _evsys(
     )
 
 
-def _cookbook(groups: Sequence[Any], advantages: Any, provenance: bool, direct: bool) -> tuple[list[Any], list[Any]]:
+def _cookbook(
+    groups: Sequence[Any], advantages: Any, provenance: bool, direct: bool, exact: bool = False
+) -> tuple[list[Any], list[Any]]:
     if provenance and classes().spans is None:
         raise RuntimeError("this tinker has no provenance span classes: call with include_provenance=False")
-    return _core.assemble_cookbook(groups, advantages, provenance=provenance, direct=direct)
+    return _core.assemble_cookbook(groups, advantages, provenance=provenance, direct=direct, exact=exact)
 
 
 def same_datum(a: Any, b: Any) -> bool:
@@ -329,6 +331,11 @@ def build_datums(
     return _evsys(groups, advantages, merge_turns, vocab_size, numpy_tokens, direct())
 
 
-def cookbook_datums(groups: Sequence[Any], advantages: Any, provenance: bool) -> tuple[list[Any], list[Any]]:
-    """tinker-cookbook's Datums and their metadata dicts."""
-    return _cookbook(groups, advantages, provenance, direct())
+def cookbook_datums(
+    groups: Sequence[Any], advantages: Any, provenance: bool, exact: bool = False
+) -> tuple[list[Any], list[Any]]:
+    """tinker-cookbook's Datums and their metadata dicts; ``exact``: raise
+    :class:`~tinker_rl_data.errors.Unsupported` for an input the cookbook
+    reads otherwise than the core would accept it (a token that is no
+    ``int``, logprobs that are no list, an action without ``sequence_id``)."""
+    return _cookbook(groups, advantages, provenance, direct(), exact)

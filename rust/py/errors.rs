@@ -57,8 +57,8 @@ pub fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     })
 }
 
-// The fallback: an input a native pass of the cookbook's step or KL passes
-// does not read exactly.
+// The fallback: an input a native pass of the cookbook's data processing,
+// step or KL passes does not read exactly.
 create_exception!(
     tinker_rl_data._core,
     Unsupported,

@@ -227,14 +227,17 @@ pub fn py_assemble_datums<'py>(
 /// tinker-cookbook's rows: `(datums, [{"group_idx": g, "traj_idx": t}])`,
 /// with provenance spans where the cookbook attaches them when
 /// `provenance`; built as `assemble_datums` builds them. The GC stays
-/// paused until the tuple exists, as in `py_assemble_datums`.
+/// paused until the tuple exists, as in `py_assemble_datums`. `exact`:
+/// raise `Unsupported` where the cookbook reads the input otherwise than
+/// this door would accept it (`source/cookbook.rs`).
 #[pyfunction(name = "assemble_cookbook")]
-#[pyo3(signature = (groups, advantages, *, provenance, direct))]
+#[pyo3(signature = (groups, advantages, *, provenance, direct, exact = false))]
 pub fn py_assemble_cookbook<'py>(
     groups: &Bound<'py, PyAny>,
     advantages: &Bound<'py, PyAny>,
     provenance: bool,
     direct: bool,
+    exact: bool,
 ) -> PyResult<Bound<'py, PyTuple>> {
     guarded(|| {
         let py = groups.py();
@@ -242,7 +245,7 @@ pub fn py_assemble_cookbook<'py>(
         let _gc = GcPaused::new(py);
         let builder = Builder { classes, direct };
         let text_chunk = builder.classes.text_chunk.clone().into_any();
-        let mut door = Cookbook::open(groups, advantages, text_chunk, provenance)?;
+        let mut door = Cookbook::open(groups, advantages, text_chunk, provenance, exact)?;
         let (datums, metadata) = pipeline::datums(&mut door, &builder)?;
         PyTuple::new(py, [datums.into_any(), metadata.into_any()])
     })

@@ -19,12 +19,34 @@ every loaded tinker_cookbook module that holds them (``rl.data_processing``,
 ``rl.train``, the distillation trainers) when
 :func:`tinker_rl_data.cookbook.install` runs.
 
-Errors are raised where the cookbook raises them, of the same class or a
-subclass: the cookbook's ``DataValidationError`` cases and missing logprobs
-raise :class:`DataValidationError` (this module's), a subclass of
-``tinker_cookbook.exceptions.DataValidationError`` when tinker_cookbook is
-importable and always of ``ValueError``; our messages also say where
-(``group G, trajectory T, transition U: ...``).
+An input the native pass refuses (the cookbook's ``DataValidationError``
+cases, missing logprobs, a logprob list that does not match its tokens, a
+missing attribute, a token that is not an integer or outside 0..2**31-1, a
+length mismatch of groups and advantages) goes to the cookbook's own
+function: the one :func:`tinker_rl_data.cookbook.install` replaced, or,
+called directly, ``tinker_cookbook.rl.data_processing``'s as that module
+holds it. So the outcome there is the cookbook's by construction: its
+result where it makes one (a token above 2**31-1, which tinker's encoder
+refuses when the request is made; under ``python -O``, a Datum whose
+logprobs do not match its tokens), else its exception (class, message,
+attributes), to which our message, saying where (``group G, trajectory T,
+transition U: ...``), is added as a note (PEP 678) where it says more.
+Inputs the cookbook fails on where the native pass would read them (logprobs
+that are not a list, a token that is not an ``int``, a numpy integer or a
+buffer of them, an action without ``sequence_id``) go to it as well:
+the core finds them as it reads, with no Python step per token; so does an
+advantage given to ``trajectory_to_data`` that is not a ``float``. The
+cookbook reads the batch again, so user code in it (a property) runs again;
+one-shot iterators (groups, advantages) are not read twice: ours raises its
+own exception then.
+
+Without tinker_cookbook, ours raises its own exceptions: the cookbook's
+``DataValidationError`` cases and missing logprobs raise
+:class:`DataValidationError` (this module's, a ``ValueError``; a subclass
+of ``tinker_cookbook.exceptions.DataValidationError`` where that is
+importable), the others the classes of the contract's §4, all saying where;
+and it reads buffers of numbers, tuples of logprobs and actions without
+``sequence_id``.
 
 No import of tinker_cookbook or torch happens at import of this module.
 """
@@ -32,11 +54,17 @@ No import of tinker_cookbook or torch happens at import of this module.
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import inspect
 import logging
+import re
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any, Callable, Iterable, Sequence
 
+from ..errors import Unsupported, left_to
 from ..patch.feature import Feature
 from ..patch.piece import Piece, check, outcome, same_outcome
 from .probe_inputs import CookbookBatches, assembly_args, datum_bytes
@@ -103,10 +131,13 @@ def __getattr__(name: str) -> Any:
 
 
 def _total_rewards(group: Any) -> list[Any]:
-    """The group's ``get_total_rewards()`` when it has the method (the
-    cookbook's TrajectoryGroup), else the same sum read by attribute: each
-    trajectory's transition rewards plus its final reward, lengths checked
-    as the cookbook's safezip does."""
+    """The group's ``get_total_rewards()``, as the cookbook calls it. Only
+    where tinker_cookbook is not importable, a group without the method
+    gives the same sum read by attribute: each trajectory's transition
+    rewards plus its final reward, lengths checked as the cookbook's
+    safezip does."""
+    if _cookbook_present():
+        return group.get_total_rewards()
     method = getattr(group, "get_total_rewards", None)
     if callable(method):
         return method()
@@ -169,10 +200,17 @@ class _GroupView:
 
 
 def _assemble(
-    groups: list[Any], advantages: list[list[float]], include_provenance: bool, strip_location: str = ""
+    groups: list[Any],
+    advantages: list[list[float]],
+    include_provenance: bool,
+    strip_location: str = "",
+    exact: bool = False,
 ) -> tuple[list[Any], list[dict[str, int]]]:
     """One core call: the Datums and their metadata dicts; provenance
-    attached, core errors mapped."""
+    attached, core errors mapped. ``exact``: an input the cookbook reads
+    otherwise than the core would accept it (a token that is no ``int``,
+    logprobs that are no list, an action without ``sequence_id``) raises
+    :class:`~tinker_rl_data.errors.Unsupported`."""
     from .. import _core
     from ..rows import cookbook_datums
 
@@ -180,7 +218,7 @@ def _assemble(
         # Made by the core with the GC still paused, and returned as it is:
         # the young collection due for the new objects runs at the caller's
         # next allocation.
-        return cookbook_datums(groups, advantages, include_provenance)
+        return cookbook_datums(groups, advantages, include_provenance, exact)
     except _core.ValidationError as exc:
         # Only the core's own DataValidationError cases: an exception raised
         # by user code while reading passes through as it is.
@@ -220,8 +258,12 @@ def _plain_values(advantages_G: Any) -> Any:
     return advantages_G
 
 
-def assemble_training_data(
-    trajectory_groups_P: Iterable[Any], advantages_P: Iterable[Any], include_provenance: bool = True
+def _native_assemble_training_data(
+    trajectory_groups_P: Iterable[Any],
+    advantages_P: Iterable[Any],
+    include_provenance: bool = True,
+    *,
+    exact: bool = False,
 ) -> tuple[list[Any], list[dict[str, int]]]:
     """Training Datums for every trajectory of every group, and their metadata.
 
@@ -236,6 +278,9 @@ def assemble_training_data(
     before it have been processed, so an error in those is raised first,
     as in the cookbook. The same holds for an advantage that ``float()``
     rejects.
+
+    A batch the native pass refuses is left to the cookbook's own function
+    (see the module's doc): its result, or its exception.
     """
     groups: list[Any] = []
     advantages: list[list[float]] = []
@@ -266,7 +311,7 @@ def assemble_training_data(
     except Exception as exc:  # raised after the pairs before it, as the cookbook does
         pending = exc
 
-    result = _assemble(groups, advantages, include_provenance)
+    result = _assemble(groups, advantages, include_provenance, exact=exact)
 
     if pending is not None:
         if type(pending) is ValueError and str(pending).startswith("zip() argument"):
@@ -277,7 +322,9 @@ def assemble_training_data(
     return result
 
 
-def trajectory_to_data(traj: Any, traj_advantage: float, include_provenance: bool = True) -> list[Any]:
+def _native_trajectory_to_data(
+    traj: Any, traj_advantage: float, include_provenance: bool = True, *, exact: bool = False
+) -> list[Any]:
     """The Datums of one trajectory, as tinker_cookbook 0.6.1's ``trajectory_to_data``.
 
     Consecutive transitions merge into one Datum while each observation
@@ -292,43 +339,184 @@ def trajectory_to_data(traj: Any, traj_advantage: float, include_provenance: boo
     cookbook attaches them (``include_provenance``, every action in the
     Datum with a ``sequence_id``, and at least one action token a target).
 
-    ``traj_advantage`` is taken as ``float(traj_advantage)``, as
-    ``assemble_training_data`` passes it.
+    A trajectory the native pass refuses is left to the cookbook's own
+    function, as in ``assemble_training_data``; so is an advantage that is
+    not a ``float`` (with an int, the cookbook's advantages are int64).
+    Without tinker_cookbook, ``traj_advantage`` is taken as
+    ``float(traj_advantage)``, as ``assemble_training_data`` passes it.
     """
-    where = "group 0, trajectory 0, "
-    return _assemble([_GroupView([traj])], [[float(traj_advantage)]], include_provenance, strip_location=where)[0]
+    if exact and type(traj_advantage) is not float:
+        # The cookbook puts it in the advantages as it is (ints make them int64).
+        raise Unsupported(f"traj_advantage is a {type(traj_advantage).__name__}, not a float")
+    where = _NOT_WHERE["trajectory_to_data"]
+    groups, advantages = [_GroupView([traj])], [[float(traj_advantage)]]
+    return _assemble(groups, advantages, include_provenance, strip_location=where, exact=exact)[0]
+
+
+# --------------------------------------------------------------------------
+# The cookbook's outcome where the native pass refuses
+
+_MODULE = "tinker_cookbook.rl.data_processing"
+
+# Set while this thread runs the cookbook's own function in place of ours:
+# the cookbook's assemble_training_data calls trajectory_to_data through its
+# module, which holds ours once installed, and ours then calls the
+# cookbook's at once, so that what runs is the cookbook's code throughout.
+_in_cookbook = threading.local()
+
+# What the location of trajectory_to_data's messages leaves out: it is of
+# one trajectory.
+_NOT_WHERE = {"trajectory_to_data": "group 0, trajectory 0, "}
+
+# The location our messages start with.
+_LOCATION = re.compile(r"^group \d+(?:, trajectory \d+)?(?:, transition \d+)?: ")
+
+
+@functools.cache
+def _cookbook_present() -> bool:
+    """Whether tinker_cookbook is importable (asked once, without importing it)."""
+    try:
+        return importlib.util.find_spec("tinker_cookbook") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _module_function(name: str) -> Callable[[], Callable[..., Any] | None]:
+    """The cookbook's ``name`` as its module holds it when called, or None
+    where that module does not import: the fallback of our functions called
+    directly (where ours is installed, that one calls the cookbook's)."""
+
+    def original() -> Callable[..., Any] | None:
+        try:
+            module = importlib.import_module(_MODULE)
+        except Exception:  # not installed, or its torch or tinker does not import
+            return None
+        return getattr(module, name, None)
+
+    return original
+
+
+def _any_input(*args: Any, **kwargs: Any) -> bool:
+    return True
+
+
+def _replayable_assembly(trajectory_groups_P: Any, advantages_P: Any, *args: Any, **kwargs: Any) -> bool:
+    """Whether the cookbook's function can read the batch after ours did:
+    no one-shot iterator for the groups, the advantages or a group's
+    advantages."""
+    try:
+        if isinstance(trajectory_groups_P, Iterator) or isinstance(advantages_P, Iterator):
+            return False
+        return not any(isinstance(advantages_G, Iterator) for advantages_G in advantages_P)
+    except Exception:  # advantages_P is not iterable: the cookbook says so
+        return True
+
+
+def _cookbook_outcome(
+    name: str, original: Callable[..., Any], refused: Exception, strip: str, args: Any, kwargs: Any
+) -> Any:
+    """The cookbook's ``original`` on the input ours refused: its result, or
+    its exception with our located message (less ``strip``) as a note where
+    that says more."""
+    message = str(refused).removeprefix(strip)
+    original = left_to(original, name, f"{type(refused).__name__}: {_LOCATION.sub('', message)}")
+    was = getattr(_in_cookbook, "active", False)
+    _in_cookbook.active = True
+    try:
+        return original(*args, **kwargs)
+    except Exception as theirs:
+        if message and message != str(theirs) and message not in getattr(theirs, "__notes__", ()):
+            theirs.add_note(message)
+        raise
+    finally:
+        _in_cookbook.active = was
+
+
+def _front(
+    name: str,
+    native: Callable[..., Any],
+    original_of: Callable[[], Callable[..., Any] | None],
+    exact: Callable[[], bool],
+    replayable: Callable[..., bool],
+    fixed: dict[str, Any],
+    signature: inspect.Signature,
+) -> Callable[..., Any]:
+    """Ours: ``native`` (with the ``fixed`` arguments), and for an input it
+    refuses, the outcome of the cookbook's function ``original_of()``
+    (called with the caller's arguments) when there is one and the input
+    can be read again; else ours as it is. ``exact()``: whether the native
+    pass leaves to the cookbook what the cookbook reads otherwise than it
+    would accept it."""
+
+    def front(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_in_cookbook, "active", False):
+            original = original_of()
+            if original is not None and original is not front:
+                return original(*args, **kwargs)
+        try:
+            return native(*args, **fixed, **kwargs, exact=exact())
+        except Exception as exc:  # the cookbook's function decides (below)
+            refused = exc
+        original = original_of() if replayable(*args, **kwargs) else None
+        if original is None or original is front:
+            if isinstance(refused, Unsupported):  # no cookbook to leave it to after all
+                return native(*args, **fixed, **kwargs)
+            raise refused
+        return _cookbook_outcome(name, original, refused, _NOT_WHERE.get(name, ""), args, kwargs)
+
+    functools.update_wrapper(front, native)
+    del front.__wrapped__  # type: ignore[attr-defined]
+    front.__name__ = front.__qualname__ = name
+    front.__signature__ = signature  # type: ignore[attr-defined]
+    return front
+
+
+def _public(native: Callable[..., Any]) -> inspect.Signature:
+    """``native``'s signature without its keyword-only ``exact``."""
+    sig = inspect.signature(native)
+    return sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "exact"])
 
 
 # --------------------------------------------------------------------------
 # The pieces: each function fitted to the installed cookbook's signature
 
 
-def fitted(mine: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """The ``make`` of a piece replacing the cookbook's function by ``mine``:
+def fitted(
+    name: str, native: Callable[..., Any], replayable: Callable[..., bool] = _any_input
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The ``make`` of a piece replacing the cookbook's function by ours
+    around ``native``, falling back to the ``original`` it replaces.
     tinker-cookbook 0.5.x's data processing has no ``include_provenance``
-    argument and attaches no provenance, so ours is called with
+    argument and attaches no provenance, so ``native`` is called with
     ``include_provenance=False`` there. Raises TypeError when the
     parameters differ otherwise (the piece then stays out)."""
 
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         theirs = list(inspect.signature(original).parameters)
-        params = list(inspect.signature(mine).parameters)
+        signature = _public(native)
+        params = list(signature.parameters)
+        fixed: dict[str, Any] = {}
         if "include_provenance" in params and "include_provenance" not in theirs:
             params.remove("include_provenance")
             if params != theirs:
                 raise TypeError(f"the cookbook's {original.__name__} takes ({', '.join(theirs)})")
-
-            @functools.wraps(mine)
-            def without_provenance(*args: Any, **kwargs: Any) -> Any:
-                return mine(*args, include_provenance=False, **kwargs)
-
-            without_provenance.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
-            return without_provenance
+            fixed = {"include_provenance": False}
+            signature = inspect.signature(original)
         if params != theirs:
             raise TypeError(f"the cookbook's {original.__name__} takes ({', '.join(theirs)}), ours ({', '.join(params)})")
-        return mine
+        return _front(name, native, lambda: original, lambda: True, replayable, fixed, signature)
 
     return make
+
+
+def _direct(name: str, native: Callable[..., Any], replayable: Callable[..., bool] = _any_input) -> Callable[..., Any]:
+    """Ours for calling directly: falls back to the cookbook's function as
+    its module holds it when called; without tinker_cookbook, ours alone."""
+    return _front(name, native, _module_function(name), _cookbook_present, replayable, {}, _public(native))
+
+
+assemble_training_data = _direct("assemble_training_data", _native_assemble_training_data, _replayable_assembly)
+trajectory_to_data = _direct("trajectory_to_data", _native_trajectory_to_data)
 
 
 def _tensor_values(advantages: Any) -> list[tuple[Any, ...]]:
@@ -369,15 +557,31 @@ def probe_remove_constant_reward_groups(original: Any, ours: Any) -> None:
             check([id(g) for g in theirs[1]] == [id(g) for g in mine[1]], f"batch {i}: other groups kept")
 
 
-def _piece(name: str, mine: Callable[..., Any], probe: Callable[[Any, Any], None]) -> Piece:
-    return Piece("tinker_cookbook.rl.data_processing", name, "data", fitted(mine), probe)
+def _piece(name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]], probe: Callable[[Any, Any], None]) -> Piece:
+    return Piece(_MODULE, name, "data", make, probe)
+
+
+def _as_it_is(mine: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The ``make`` of a piece whose function is ours whatever the original
+    (the same Python as the cookbook's: nothing to leave to it)."""
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        if list(inspect.signature(original).parameters) != list(inspect.signature(mine).parameters):
+            raise TypeError(f"the cookbook's {original.__name__} takes other parameters")
+        return mine
+
+    return make
 
 
 PIECES = (
-    _piece("compute_advantages", compute_advantages, probe_compute_advantages),
-    _piece("assemble_training_data", assemble_training_data, probe_assemble_training_data),
-    _piece("trajectory_to_data", trajectory_to_data, probe_trajectory_to_data),
-    _piece("remove_constant_reward_groups", remove_constant_reward_groups, probe_remove_constant_reward_groups),
+    _piece("compute_advantages", _as_it_is(compute_advantages), probe_compute_advantages),
+    _piece(
+        "assemble_training_data",
+        fitted("assemble_training_data", _native_assemble_training_data, _replayable_assembly),
+        probe_assemble_training_data,
+    ),
+    _piece("trajectory_to_data", fitted("trajectory_to_data", _native_trajectory_to_data), probe_trajectory_to_data),
+    _piece("remove_constant_reward_groups", _as_it_is(remove_constant_reward_groups), probe_remove_constant_reward_groups),
 )
 
 FEATURE = Feature("data", "cookbook data processing", PIECES, switch=False)

@@ -395,11 +395,20 @@ impl std::fmt::Display for Item<'_> {
     }
 }
 
+/// How a token was read: an exact `int` (its reading ran no Python code),
+/// an instance of a subclass of `int` (`bool` included), or another object
+/// read with `operator.index` (a numpy integer, say).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    Exact,
+    IntSubclass,
+    Other,
+}
+
 /// Token `i` of `items`: an integer in `0..limit` (`limit` is the
-/// vocabulary size when given, else `MAX_TOKEN + 1`). Also says whether it
-/// was an exact `int`, whose reading ran no Python code.
+/// vocabulary size when given, else `MAX_TOKEN + 1`), and how it was read.
 #[inline]
-pub fn token_at(items: &Items<'_>, i: usize, field: &str, limit: i64, at: Location) -> PyResult<(i64, bool)> {
+pub fn token_at(items: &Items<'_>, i: usize, field: &str, limit: i64, at: Location) -> PyResult<(i64, TokenKind)> {
     // Held strongly: an error made below can set off a collection whose
     // finalizers change the list (the fast path has declined this item).
     let item = items.get(i)?;
@@ -407,14 +416,28 @@ pub fn token_at(items: &Items<'_>, i: usize, field: &str, limit: i64, at: Locati
     if item.is_exact_instance_of::<PyInt>() {
         let value = item.extract::<i64>().map_or(Integer::TooLarge, Integer::Value);
         return match value {
-            Integer::Value(v) if (0..limit).contains(&v) => Ok((v, true)),
+            Integer::Value(v) if (0..limit).contains(&v) => Ok((v, TokenKind::Exact)),
             _ => Err(bad_token(&item, value, at_item, limit, at)),
         };
     }
+    let kind = if item.is_instance_of::<PyInt>() {
+        TokenKind::IntSubclass
+    } else {
+        TokenKind::Other
+    };
     match index_value(&item)? {
-        Integer::Value(v) if (0..limit).contains(&v) => Ok((v, false)),
+        Integer::Value(v) if (0..limit).contains(&v) => Ok((v, kind)),
         value => Err(bad_token(&item, value, at_item, limit, at)),
     }
+}
+
+/// How a token sequence was read ([`Items::read_tokens`]).
+pub struct TokensRead {
+    /// Every item an exact `int`, read with the collector off.
+    pub exact: bool,
+    /// The first item that is not an instance of `int` (a buffer's first),
+    /// if any.
+    pub not_int: Option<usize>,
 }
 
 impl Items<'_> {
@@ -472,29 +495,35 @@ impl Items<'_> {
     /// are read in place, with no reference counting; anything else goes
     /// through `token_at`.
     ///
-    /// Says whether they were all exact `int`s read with the collector off:
-    /// then no Python code ran, and none can run until the caller runs some
-    /// (no collection can start, so no finalizer), so the sequence still
-    /// holds exactly the ints read. User code run earlier may have turned
-    /// the collector back on: then a collection set off by any allocation
-    /// could run finalizers that change the sequence before it is copied.
-    pub fn read_tokens(&self, field: &str, limit: i64, at: Location, out: &mut Vec<Element>) -> PyResult<bool> {
+    /// Says whether they were all exact `int`s read with the collector off
+    /// ([`TokensRead::exact`]): then no Python code ran, and none can run
+    /// until the caller runs some (no collection can start, so no
+    /// finalizer), so the sequence still holds exactly the ints read. User
+    /// code run earlier may have turned the collector back on: then a
+    /// collection set off by any allocation could run finalizers that change
+    /// the sequence before it is copied. Also says which item first was no
+    /// `int` at all ([`TokensRead::not_int`]).
+    pub fn read_tokens(&self, field: &str, limit: i64, at: Location, out: &mut Vec<Element>) -> PyResult<TokensRead> {
         if let Seq::Numbers(numbers) = &self.seq {
             // SAFETY: the view is dropped before the error is made; reading
             // runs no Python code.
             let read = unsafe { self.with_view(numbers, |view| read_buffer_tokens(&view, limit, out)) }?;
             return match read {
-                Ok(()) => Ok(false),
+                Ok(()) => Ok(TokensRead {
+                    exact: false,
+                    not_int: (self.len > 0).then_some(0),
+                }),
                 Err((value, k)) => Err(buffer_token_error(value, Item { field, index: k }, limit, at)),
             };
         }
         let quiet = collector_off(self.py());
-        let exact = match int_read() {
+        let mut read = match int_read() {
             BY_OB_SIZE => self.read_tokens_as::<BY_OB_SIZE>(field, limit, at, out),
             BY_LV_TAG => self.read_tokens_as::<BY_LV_TAG>(field, limit, at, out),
             _ => self.read_tokens_as::<BY_API>(field, limit, at, out),
         }?;
-        Ok(exact && quiet)
+        read.exact &= quiet;
+        Ok(read)
     }
 
     fn read_tokens_as<const LAYOUT: u8>(
@@ -503,11 +532,12 @@ impl Items<'_> {
         limit: i64,
         at: Location,
         out: &mut Vec<Element>,
-    ) -> PyResult<bool> {
+    ) -> PyResult<TokensRead> {
         out.reserve(self.len);
         let start = out.len();
         let slots = &mut out.spare_capacity_mut()[..self.len];
         let mut exact = true;
+        let mut not_int = None;
         // SAFETY: `fast` reads an exact int in place and `put` stores a
         // value: neither runs Python code.
         unsafe {
@@ -516,8 +546,11 @@ impl Items<'_> {
                 |item| int_in_place::<LAYOUT>(item).filter(|v| (0..limit).contains(v)),
                 |i| {
                     // Takes the item anew (strongly) and says what is wrong.
-                    let (v, is_exact) = token_at(self, i, field, limit, at)?;
-                    exact &= is_exact;
+                    let (v, kind) = token_at(self, i, field, limit, at)?;
+                    exact &= kind == TokenKind::Exact;
+                    if kind == TokenKind::Other {
+                        not_int.get_or_insert(i);
+                    }
                     Ok(v)
                 },
                 |i, v| {
@@ -527,7 +560,7 @@ impl Items<'_> {
         }
         // SAFETY: `read_each` stored every slot up to `start + self.len`.
         unsafe { out.set_len(start + self.len) };
-        Ok(exact)
+        Ok(TokensRead { exact, not_int })
     }
 
     /// Appends every item to `out` if all are exact ints that fit in `T`,

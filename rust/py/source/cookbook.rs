@@ -17,12 +17,13 @@ use std::ops::Range;
 use pyo3::exceptions::{PyAssertionError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyFloat;
+use pyo3::types::{PyFloat, PyList};
 
 use crate::errors::{ErrorKind, InputError, Location, StepName};
 use crate::plan::{Element, Keep, Merge, Row, Segment, TurnSpan};
 use crate::py::build::{Column, Dtype, FilledColumns, LossInput, LossKey, MetadataKind};
-use crate::py::read::{any_real, attr, Item, ItemKind, Items, MAX_TOKEN};
+use crate::py::errors::unsupported;
+use crate::py::read::{any_real, attr, type_name, Item, ItemKind, Items, MAX_TOKEN};
 use crate::py::source::ints::Role;
 use crate::py::source::{ClosedBefore, FrontDoor, Place, Provenance, RowRule, RowView, TrajectoryIn};
 
@@ -42,6 +43,10 @@ pub struct Cookbook<'py> {
     advantages: Items<'py>,
     text_chunk: Bound<'py, PyAny>,
     provenance: bool,
+    /// Leave to the cookbook's own function (`Unsupported`) what it reads
+    /// otherwise than this door would accept it: a token that is no `int`,
+    /// logprobs that are no list, an action without `sequence_id`.
+    exact: bool,
     /// The group being read: its trajectories and advantages, and the next
     /// `(group, trajectory)`.
     group: Option<(Items<'py>, Items<'py>)>,
@@ -57,18 +62,21 @@ pub struct Cookbook<'py> {
 }
 
 impl<'py> Cookbook<'py> {
-    /// `provenance`: attach provenance spans where the cookbook does.
+    /// `provenance`: attach provenance spans where the cookbook does;
+    /// `exact`: see [`Cookbook::exact`].
     pub fn open(
         groups: &Bound<'py, PyAny>,
         advantages: &Bound<'py, PyAny>,
         text_chunk: Bound<'py, PyAny>,
         provenance: bool,
+        exact: bool,
     ) -> PyResult<Self> {
         Ok(Cookbook {
             groups: Items::of(groups, "trajectory_groups", ItemKind::Object, Location::BATCH)?,
             advantages: Items::of(advantages, "advantages", ItemKind::Rows, Location::BATCH)?,
             text_chunk,
             provenance,
+            exact,
             group: None,
             next: (0, 0),
             transitions: Vec::new(),
@@ -146,8 +154,10 @@ impl<'py> Cookbook<'py> {
             let tokens = Items::of_attr(&ac, intern!(py, "tokens"), "ac.tokens", ItemKind::Token, at)?;
             let mid = out.plain.elements.len();
             let elements = &mut out.plain.elements;
-            out.ints
+            let not_int = out
+                .ints
                 .read(&tokens, "ac.tokens", MAX_TOKEN + 1, at, Role::Completion, elements)?;
+            self.check_int(not_int, "ac.tokens", at)?;
             let n_tokens = tokens.len();
             // The cookbook reads `ac.logprobs`: its class's property gives
             // `maybe_logprobs` or raises when that is None; a subclass or
@@ -172,6 +182,11 @@ impl<'py> Cookbook<'py> {
                     "logprobs are not available (ac.logprobs is None)",
                 ));
             }
+            // The cookbook adds them to a list (`[0.0] * n + ac.logprobs`).
+            if self.exact && !logprobs.is_instance_of::<PyList>() {
+                let message = format!("{at}: ac.logprobs is a {}, not a list", type_name(&logprobs));
+                return Err(unsupported(message));
+            }
             let logprobs = Items::of(&logprobs, "ac.logprobs", ItemKind::Real, at)?;
             let raw_start = self.raw_logprobs.len();
             let int_logprobs = logprobs.read_any_reals(
@@ -193,7 +208,12 @@ impl<'py> Cookbook<'py> {
                 *dst = v as f32; // torch's float32, overflow to inf included
             }
             out.logprobs[mid + n..end].fill(0.0);
-            let sequence_id = ac.getattr_opt(intern!(py, "sequence_id"))?.filter(|s| !s.is_none());
+            let sequence_id = ac.getattr_opt(intern!(py, "sequence_id"))?;
+            if self.exact && sequence_id.is_none() {
+                let message = format!("{at}: {} object has no attribute 'sequence_id'", type_name(&ac));
+                return Err(unsupported(message));
+            }
+            let sequence_id = sequence_id.filter(|s| !s.is_none());
             let masked = parse_error_masked(&transition, at)?;
             out.ints.end_turn(&out.plain.elements, start..mid, mid..end);
             out.plain.turns.push(TurnSpan {
@@ -230,8 +250,10 @@ impl<'py> Cookbook<'py> {
             if chunk.get_type().is(&self.text_chunk) || chunk.is_instance(&self.text_chunk)? {
                 let tokens = Items::of_attr(&chunk, intern!(py, "tokens"), "ob tokens", ItemKind::Token, at)?;
                 let elements = &mut out.plain.elements;
-                out.ints
+                let not_int = out
+                    .ints
                     .read(&tokens, "ob tokens", MAX_TOKEN + 1, at, Role::Context, elements)?;
+                self.check_int(not_int, &format!("ob.chunks[{c}].tokens"), at)?;
             } else {
                 // The cookbook asks a chunk its length only after it has
                 // acted on the observation (closing the row before it): an
@@ -387,6 +409,18 @@ impl<'py> FrontDoor<'py> for Cookbook<'py> {
 
     fn metadata(&self) -> MetadataKind<'_, 'py> {
         MetadataKind::Dict
+    }
+}
+
+impl Cookbook<'_> {
+    /// In [`Cookbook::exact`] mode, a token that is no `int` (the cookbook
+    /// takes it for a chunk, which tinker's `ModelInput` refuses) leaves the
+    /// batch to the cookbook's own function.
+    fn check_int(&self, not_int: Option<usize>, field: &str, at: Location) -> PyResult<()> {
+        match not_int {
+            Some(k) if self.exact => Err(unsupported(format!("{at}: {field}[{k}] is not an int"))),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -27,7 +27,7 @@ use pyo3::types::PyList;
 use crate::errors::Location;
 use crate::plan::{Element, Merge};
 use crate::py::build;
-use crate::py::read::Items;
+use crate::py::read::{Items, TokensRead};
 
 /// Whether a token sequence is part of a turn's context (prompt,
 /// observation) or its completion (action).
@@ -139,7 +139,8 @@ impl<'py> SharedInts<'py> {
     }
 
     /// Reads `tokens` (each below `limit`) onto `elements`, and copies what
-    /// a row needs of them into its store (see the module doc).
+    /// a row needs of them into its store (see the module doc). Says which
+    /// item first was no `int` (a numpy integer, a buffer's first), if any.
     pub fn read(
         &mut self,
         tokens: &Items<'py>,
@@ -148,12 +149,12 @@ impl<'py> SharedInts<'py> {
         at: Location,
         role: Role,
         elements: &mut Vec<Element>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Option<usize>> {
         let first = elements.len();
-        let exact = tokens.read_tokens(field, limit, at, elements)?;
+        let TokensRead { exact, not_int } = tokens.read_tokens(field, limit, at, elements)?;
         let len = tokens.len();
         if !self.enabled {
-            return Ok(());
+            return Ok(not_int);
         }
         let from = match role {
             Role::Context => self.repeated(elements, first, len),
@@ -187,7 +188,7 @@ impl<'py> SharedInts<'py> {
             from,
             stored,
         });
-        Ok(())
+        Ok(not_int)
     }
 
     /// How many leading elements of the context sequence at
