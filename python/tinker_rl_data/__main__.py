@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from . import cookbook
-from .cookbook import features
+from . import cookbook, features
 from .patch import launch
 
 

@@ -22,10 +22,7 @@ import logging
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Sequence
 
-import numpy as np
-
 from . import _core
-from .evsys.metadata import DatumMetadata
 
 __all__ = ["TinkerClasses", "classes", "direct", "direct_construction"]
 
@@ -95,6 +92,8 @@ def _evsys(
     # The pair is made by the core with the GC still paused, so the young
     # collection due for the new objects runs at the caller's next
     # allocation: returned as it is, with no tuple made here.
+    from .evsys.metadata import DatumMetadata
+
     return _core.assemble_datums(
         groups,
         advantages,
@@ -135,6 +134,8 @@ _PYDANTIC_STATE = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", 
 
 
 def _same_model(a: Any, b: Any) -> bool:
+    import numpy as np
+
     if type(a) is not type(b):
         return False
     for slot in _PYDANTIC_STATE:
@@ -167,6 +168,8 @@ def _same_model(a: Any, b: Any) -> bool:
 
 
 def _same_tensor(a: Any, b: Any) -> bool:
+    import numpy as np
+
     if type(a) is not type(b) or list(vars(a)) != list(vars(b)):
         return False
     for key, x in vars(a).items():
@@ -180,6 +183,8 @@ def _same_tensor(a: Any, b: Any) -> bool:
 
 
 def _probe_batch() -> list[Any]:
+    import numpy as np
+
     from .evsys.env import Trajectory, TrajectoryGroup, Turn
 
     return [
@@ -292,6 +297,8 @@ def direct() -> bool:
 def _numpy_tokens_check() -> str | None:
     """Why int32-array model inputs cannot be sent by this tinker, or None:
     its wire encoder must give the same bytes as for a list of ints."""
+    import numpy as np
+
     try:
         from tinker import types
         from tinker.proto.request_conv import forward_backward_request_to_proto

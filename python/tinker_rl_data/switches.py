@@ -2,7 +2,7 @@
 the Python side (:data:`VARIABLES`; the native core reads the two marked
 "the core" itself, where documented in ``rust/``). install()'s options and
 the launcher's flags come from the features' declarations
-(:mod:`tinker_rl_data.cookbook.features`, which also renders the switches table).
+(:mod:`tinker_rl_data.features`, which also renders the switches table).
 """
 
 from __future__ import annotations

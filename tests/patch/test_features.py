@@ -4,7 +4,7 @@ package's imports are derived from (or checked against) the declarations;
 was raised.
 
 The tables: ``features.piece_table()`` / ``features.switch_table()`` print
-them (``python -c "from tinker_rl_data.cookbook import features;
+them (``python -c "from tinker_rl_data import features;
 print(features.piece_table())"``); :data:`DOCS` are the files checked."""
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ except ImportError as exc:
 
 import tinker_rl_data
 from tinker_rl_data import switches
-from tinker_rl_data.cookbook import features, kl
+from tinker_rl_data import features
+from tinker_rl_data.cookbook import kl
 from tinker_rl_data.patch import transaction
 from tinker_rl_data.patch.feature import Feature
 from tinker_rl_data.patch.piece import Piece, check, outcome, same_outcome
@@ -162,22 +163,50 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_no_import_cycle_among_the_package_modules():
-    graph = import_graph()
-    assert "tinker_rl_data.cookbook.features" in graph["tinker_rl_data.cookbook"]
+def assert_acyclic(graph: dict[str, set[str]]) -> None:
+    """Fails naming the first loop found (depth first, in name order)."""
     state: dict[str, int] = {}
 
-    def visit(module: str, path: list[str]) -> None:
-        state[module] = 1
-        for target in sorted(graph[module]):
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(graph[node]):
             assert state.get(target) != 1, " -> ".join([*path[path.index(target) :], target])
             if target not in state:
                 visit(target, [*path, target])
-        state[module] = 2
+        state[node] = 2
 
-    for module in sorted(graph):
-        if module not in state:
-            visit(module, [module])
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+
+
+def test_no_import_cycle_among_the_package_modules():
+    graph = import_graph()
+    assert "tinker_rl_data.features" in graph["tinker_rl_data.cookbook"]
+    assert_acyclic(graph)
+
+
+def test_no_import_cycle_among_the_subpackages():
+    """Importing a module runs its package's ``__init__`` first, so the
+    subpackages (tinker/, cookbook/, patch/, evsys/) must not import each
+    other in a loop either, lazily or not: the list of every feature, which
+    imports both tinker's and the cookbook's modules, is at the package's
+    level (``tinker_rl_data.features``), not in one of them."""
+    subpackages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert {"tinker", "cookbook", "patch", "evsys"} <= subpackages
+
+    def subpackage(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in subpackages) else None
+
+    edges: dict[str, set[str]] = {name: set() for name in subpackages}
+    for module, targets in import_graph().items():
+        for target in targets:
+            a, b = subpackage(module), subpackage(target)
+            if a and b and a != b:
+                edges[a].add(b)
+    assert_acyclic(edges)
+    assert edges["cookbook"] >= {"patch"} and edges["tinker"] >= {"patch"}  # (the graph was read)
 
 
 def test_the_patch_layer_imports_no_feature():

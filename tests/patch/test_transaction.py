@@ -37,7 +37,7 @@ from tinker.resources import training
 import tinker_rl_data
 from tinker_rl_data import InstallError, InstallWarning
 from tinker_rl_data import cookbook as ours
-from tinker_rl_data.cookbook import features
+from tinker_rl_data import features
 from tinker_rl_data.patch import transaction
 from tinker_rl_data.patch.report import TESTED_VERSIONS
 

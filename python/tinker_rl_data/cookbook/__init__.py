@@ -10,13 +10,11 @@ and distillation passes), :mod:`.gc_step` (the collector held to the step),
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from ..patch import transaction
 from ..patch.feature import InstallCall
 from ..patch.report import Report
-from . import features
 from .data_processing import assemble_training_data as assemble_training_data
 from .data_processing import compute_advantages as compute_advantages
 from .data_processing import remove_constant_reward_groups as remove_constant_reward_groups
@@ -84,7 +82,7 @@ def install(*, strict: bool | None = None, **options: Any) -> Report:
     Calling it again is harmless; :func:`uninstall` undoes it.
 
     The keywords (keyword-only) come from the features' declarations
-    (:mod:`.features`): one per feature with a switch, then the options
+    (:mod:`tinker_rl_data.features`): one per feature with a switch, then the options
     they read; an unknown one raises TypeError.
     """
     chosen = features.chosen(options)
@@ -101,15 +99,6 @@ def install(*, strict: bool | None = None, **options: Any) -> Report:
     return report
 
 
-install.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-    [
-        *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=value) for name, value in features.options().items()),
-        inspect.Parameter("strict", inspect.Parameter.KEYWORD_ONLY, default=None),
-    ],
-    return_annotation=Report,
-)
-
-
 def uninstall() -> None:
     """Put back what :func:`install` replaced; a request encoder installed
     before by :func:`tinker_rl_data.install` stays. Harmless when not
@@ -118,6 +107,13 @@ def uninstall() -> None:
     for feature in features.declared():
         if feature.uninstalled is not None:
             feature.uninstalled()
+
+
+# Last, with install() defined: the list of every feature (which lists this
+# package's modules) gives install()'s keywords.
+from .. import features  # noqa: E402
+
+install.__signature__ = features.signature()  # type: ignore[attr-defined]
 
 
 def __getattr__(name: str) -> Any:

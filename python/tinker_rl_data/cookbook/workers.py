@@ -122,7 +122,7 @@ class Settings:
     gc_headroom: str = ""
     env: tuple[tuple[str, str], ...] = ()
     driver: tuple[str, int, str] = ("", 0, "")
-    catalog: str = "tinker_rl_data.cookbook.features"
+    catalog: str = "tinker_rl_data.features"
 
     def features(self) -> Any:
         """The driver's catalog of features (found by name: a worker

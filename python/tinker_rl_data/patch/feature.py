@@ -1,6 +1,6 @@
 """What a feature module declares: one :class:`Feature`, its name, default,
 one-line description, switches, pieces and hooks. The patch layer is handed
-these declarations (:mod:`tinker_rl_data.cookbook.features` lists them) and derives
+these declarations (:mod:`tinker_rl_data.features` lists them) and derives
 install()'s options, the launcher's flags, the report's lines, ``status()``
 and the switches table from them; it names no feature.
 

@@ -1,7 +1,8 @@
 """The launcher, handed the features' declarations and the install function
-(:mod:`tinker_rl_data.__main__` hands them): install, then run a cookbook
-recipe or a script, its arguments untouched; or ``check``: the probes alone.
-Two spellings, one function::
+(:mod:`tinker_rl_data.__main__` hands them): run a cookbook recipe or a
+script as ``python`` runs it, its arguments untouched, and install when it
+first imports tinker or tinker-cookbook (:class:`_Watch`); or ``check``: the
+probes alone. Two spellings, one function::
 
     tinker-rl-data run -m tinker_cookbook.recipes.math_rl.train key=value ...
     python -m tinker_rl_data run train.py --flag ...
@@ -10,24 +11,34 @@ Two spellings, one function::
 
 from __future__ import annotations
 
+import atexit
 import builtins
+import contextlib
+import importlib.abc
+import importlib.machinery
+import io
 import os
 import runpy
 import sys
+import threading
+import types
+import zipfile
 from typing import Any, Callable, Sequence
 
 from .feature import Feature, selected
-from .report import OUT
+from .report import DISTRIBUTIONS, OUT
 from .transaction import probe
 
 _USAGE = """usage: tinker-rl-data run {flags} (-m MODULE | SCRIPT) [ARGS ...]
        tinker-rl-data check {flags}
        (or python -m tinker_rl_data ...)
 
-run: installs tinker_rl_data into tinker and tinker-cookbook
-(tinker_rl_data.cookbook.install() with the options given), prints the report
-to stderr, then runs MODULE (as `python -m MODULE`) or SCRIPT as __main__ with
-ARGS as its sys.argv[1:]. TINKER_RL_DATA_SKIP, _STRICT and _DISABLE apply.
+run: runs MODULE (as `python -m MODULE`) or SCRIPT (as `python SCRIPT`) as
+__main__ with ARGS as its sys.argv[1:], and installs tinker_rl_data into
+tinker and tinker-cookbook (tinker_rl_data.cookbook.install() with the
+options given) when it first imports one of them, printing the report to
+stderr then. TINKER_RL_DATA_SKIP, _STRICT and _DISABLE apply, as set when
+that import runs.
 
 check: runs every probe on the installed tinker and tinker-cookbook and
 prints the report (and its details), installing nothing and running nothing
@@ -81,31 +92,170 @@ def main(argv: list[str] | None, catalog: Sequence[Feature], install: Callable[.
     if not args or (args[0] == "-m" and len(args) < 2):
         print(usage(catalog), file=sys.stderr)
         return 2
-    print(install(**options), file=sys.stderr)
+    chosen = selected(catalog, options)
+    packages = {piece.requires for f in catalog if f.name in chosen for piece in f.pieces} & set(DISTRIBUTIONS)
+    _Watch(sorted(packages), lambda: print(install(**options), file=sys.stderr)).start()
     if args[0] == "-m":
-        module, rest = args[1], args[2:]
-        sys.argv = [module, *rest]
-        _first_path(os.getcwd())
-        runpy.run_module(module, init_globals=_MAIN_GLOBALS, run_name="__main__", alter_sys=True)
+        _run_module(args[1], args[2:])
     else:
-        script, rest = args[0], args[1:]
-        sys.argv = [script, *rest]
-        _first_path(os.path.dirname(os.path.realpath(script)))
-        runpy.run_path(script, init_globals=_MAIN_GLOBALS, run_name="__main__")
+        _run_script(args[0], args[1:])
     return 0
 
 
-# What ``__main__`` holds before its code runs, as with python: the
-# builtins module (exec alone would put in its dict).
-_MAIN_GLOBALS = {"__builtins__": builtins}
+# --------------------------------------------------------------------------
+# The install, when the program first imports what it patches
 
 
-def _first_path(entry: str) -> None:
+class _Watch(importlib.abc.MetaPathFinder):
+    """Runs ``install`` once, when the program's first import of one of
+    ``packages`` (tinker, tinker_cookbook) has run to its end: the
+    pieces go in where the program would put them with ``install()`` as
+    its first import of them, never before (what the program sets up
+    before it, environment variables and switches included, is in effect).
+    The finder wraps those packages' loaders until then, and takes itself
+    off ``sys.meta_path`` before installing. A package already imported
+    (a ``.pth`` file's import), or none to wait for: the install runs at
+    :meth:`start`. None imported by the end: a note at exit says nothing
+    was installed."""
+
+    def __init__(self, packages: Sequence[str], install: Callable[[], None]) -> None:
+        self.packages = tuple(packages)
+        self.install = install
+        self.done = False
+        self.lock = threading.Lock()
+        self.depth = threading.local()
+
+    def start(self) -> None:
+        if not self.packages or any(p in sys.modules for p in self.packages):
+            self._fire()
+            return
+        sys.meta_path.insert(0, self)
+        atexit.register(self._never)
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if self.done or fullname not in self.packages:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader, self)
+                return spec
+        return None
+
+    def executed(self, loader: Any, module: Any) -> None:
+        """``module``'s code, run by ``loader`` with the depth of the
+        watched imports counted (one package's may import another's)."""
+        self.depth.n = getattr(self.depth, "n", 0) + 1
+        try:
+            loader.exec_module(module)
+        finally:
+            self.depth.n -= 1
+        if self.depth.n == 0:
+            self._fire()
+
+    def _fire(self) -> None:
+        with self.lock:
+            if self.done:
+                return
+            self.done = True
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        self.install()
+
+    def _never(self) -> None:
+        if not self.done:
+            print(
+                "tinker_rl_data: nothing installed: the program never imported "
+                + " or ".join(self.packages)
+                + " (the launcher installs at the first import of one)",
+                file=sys.stderr,
+            )
+
+
+class _Loader(importlib.abc.Loader):
+    """A watched package's loader, as the other finders found it, for its
+    one import: the module gets the loader itself back before its code
+    runs (``__loader__`` and ``__spec__.loader`` are the usual ones)."""
+
+    def __init__(self, loader: Any, watch: _Watch) -> None:
+        self.loader = loader
+        self.watch = watch
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        module.__loader__ = self.loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self.loader
+        self.watch.executed(self.loader, module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
+# --------------------------------------------------------------------------
+# The program, as python runs it
+
+
+def _fresh_main() -> types.ModuleType:
+    """A new ``__main__`` in ``sys.modules``, holding what python's holds
+    before a program runs; it stays there after the program's code, for
+    its atexit handlers (pickling its functions by name) as under python."""
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    main.__annotations__ = {}
+    sys.modules["__main__"] = main
+    return main
+
+
+def _run_module(module: str, rest: list[str]) -> None:
+    """As ``python -m module rest...``: runpy's own entry for ``-m``
+    (``sys.argv[0]`` the module's file, ``__spec__`` its spec), in the
+    fresh ``__main__``."""
+    sys.argv = [module, *rest]
+    _first_path(os.getcwd())
+    _fresh_main()
+    runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
+
+
+def _run_script(script: str, rest: list[str]) -> None:
+    """As ``python script rest...``: a file run in the fresh ``__main__``
+    (``__file__`` the path python gives it, and takes back once the code has
+    run; ``__spec__`` None); a directory or zip file with a ``__main__.py``
+    run as python runs one."""
+    sys.argv = [script, *rest]
+    if os.path.isdir(script) or zipfile.is_zipfile(script):
+        _first_path(script if os.path.isabs(script) else os.path.join(os.getcwd(), script), always=True)
+        _fresh_main()
+        runpy._run_module_as_main("__main__", alter_argv=False)  # type: ignore[attr-defined]
+        return
+    _first_path(os.path.dirname(os.path.realpath(script)))
+    path = script if os.path.isabs(script) else os.path.join(os.getcwd(), script)
+    with io.open_code(path) as f:
+        code = compile(f.read(), path, "exec")
+    main = _fresh_main()
+    main.__file__ = path
+    main.__cached__ = None  # type: ignore[attr-defined]
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    try:
+        exec(code, vars(main))
+    finally:  # as python does once a script's code has run (before its atexit handlers)
+        vars(main).pop("__file__", None)
+        vars(main).pop("__cached__", None)
+
+
+def _first_path(entry: str, always: bool = False) -> None:
     """``sys.path[0]`` as ``python -m module`` (the current directory) or
     ``python script.py`` (the script's directory) sets it, in place of the
     launcher's own (the console script's directory): a recipe's sibling
-    modules import as without the launcher. Nothing under ``-P``."""
-    if sys.flags.safe_path:
+    modules import as without the launcher. Nothing under ``-P``, except
+    for a directory or zip file run (``always``), which python puts there too."""
+    if sys.flags.safe_path and not always:
         return
     if sys.path:
         sys.path[0] = entry

@@ -1,5 +1,5 @@
 """The transaction that installs and uninstalls the pieces of the features
-it is handed (:class:`~.feature.Feature`; :mod:`tinker_rl_data.cookbook.features`
+it is handed (:class:`~.feature.Feature`; :mod:`tinker_rl_data.features`
 lists the package's).
 
 A piece goes in only when, at install time,

@@ -5,28 +5,39 @@ options and what they select (:func:`chosen`), the launcher's flags, the
 report's lines, ``status()``, and the tables of pieces and switches in the
 docs (:func:`piece_table`, :func:`switch_table`; tests/patch/test_features.py
 keeps the docs equal to them). A new feature is a new module ending with
-its ``FEATURE``, and its entry in :data:`MODULES` (with its import) here.
+its ``FEATURE``, and its entry in :func:`modules` (with its import) here.
 
-It sits in ``cookbook`` because ``cookbook.install()`` installs them all
-(``tinker_rl_data.install()``: the request bytes alone)."""
+It sits at the package's level, above ``tinker/`` and ``cookbook/`` whose
+modules it lists: ``cookbook.install()`` installs them all,
+``tinker_rl_data.install()`` the request bytes alone, and each report has a
+line for every one."""
 
 from __future__ import annotations
 
+import inspect
+from types import ModuleType
 from typing import Any, Mapping
 
-from .. import switches
-from ..patch.feature import Feature, Option, selected
-from ..tinker import coalesce, request_bytes, transport
-from . import data_processing, gc_step, kl, step, workers
+from . import switches
+from .patch.feature import Feature, Option, selected
+from .patch.report import Report
 
-__all__ = ["MODULES", "chosen", "declared", "options", "piece_table", "switch_table"]
+__all__ = ["chosen", "declared", "modules", "options", "piece_table", "signature", "switch_table"]
 
-MODULES = (request_bytes, transport, data_processing, step, kl, gc_step, coalesce, workers)
+
+def modules() -> tuple[ModuleType, ...]:
+    """Each feature's module, in the report's order. Imported when first
+    asked, not with this module: ``cookbook``, whose ``install()`` reads the
+    list, imports it last, to set that function's signature (:func:`signature`)."""
+    from .cookbook import data_processing, gc_step, kl, step, workers
+    from .tinker import coalesce, request_bytes, transport
+
+    return (request_bytes, transport, data_processing, step, kl, gc_step, coalesce, workers)
 
 
 def declared() -> tuple[Feature, ...]:
     """Every feature's declaration, as its module holds it now."""
-    return tuple(module.FEATURE for module in MODULES)
+    return tuple(module.FEATURE for module in modules())
 
 
 def options() -> dict[str, Any]:
@@ -43,6 +54,13 @@ def chosen(arguments: Mapping[str, Any]) -> tuple[str, ...]:
     if unknown:
         raise TypeError(f"install() got an unexpected keyword argument {unknown[0]!r}")
     return selected(declared(), arguments)
+
+
+def signature() -> inspect.Signature:
+    """``cookbook.install()``'s: its keyword-only options, then ``strict``."""
+    keywords = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=value) for name, value in options().items()]
+    strict = inspect.Parameter("strict", inspect.Parameter.KEYWORD_ONLY, default=None)
+    return inspect.Signature([*keywords, strict], return_annotation=Report)
 
 
 # --------------------------------------------------------------------------
