@@ -15,6 +15,7 @@ from conftest import groups
 from support.tinker_bytes import wire_bytes
 from tinker_rl_data import compute_advantages
 from tinker_rl_data import rows
+from tinker_rl_data.evsys.metadata import DatumMetadata
 
 
 KNOWN_LAYOUT = tuple(int(x) for x in tinker.__version__.split(".")[:2]) >= (0, 38)
@@ -59,8 +60,8 @@ def from_flat_rows(batch, advantages, merge_turns, numpy_tokens):
 def test_direct_datums_are_field_for_field_public(batch):
     advantages = compute_advantages(batch)
     for merge_turns, numpy_tokens in [(False, False), (True, False), (False, True)]:
-        direct = rows._evsys(batch, advantages, merge_turns, None, numpy_tokens, True)
-        public = rows._evsys(batch, advantages, merge_turns, None, numpy_tokens, False)
+        direct = rows._evsys(batch, advantages, merge_turns, None, numpy_tokens, True, DatumMetadata)
+        public = rows._evsys(batch, advantages, merge_turns, None, numpy_tokens, False, DatumMetadata)
         (ours, our_meta), our_fitted = direct.result, direct.fitted
         (theirs, their_meta), their_fitted = public.result, public.fitted
         assert len(ours) == len(theirs)
@@ -109,11 +110,11 @@ def test_the_gc_state_is_restored_exactly():
     # The core pauses the GC while it builds objects, and leaves it as found.
     batch = rows._probe_batch()
     assert gc.isenabled()
-    rows.build_datums(batch, [[0.5, -0.5]], False, None, False)
+    rows.build_datums(batch, [[0.5, -0.5]], False, None, False, DatumMetadata)
     assert gc.isenabled()
     gc.disable()
     try:
-        rows.build_datums(batch, [[0.5, -0.5]], False, None, False)
+        rows.build_datums(batch, [[0.5, -0.5]], False, None, False, DatumMetadata)
         assert not gc.isenabled()
     finally:
         gc.enable()
@@ -184,7 +185,7 @@ def test_only_containers_of_atoms_are_untracked():
     container is stored in them), and the lists of ints it makes (token
     lists, shapes); every other container stays tracked."""
     batch = rows._probe_batch()
-    (datum, *_), (meta, *_) = rows._evsys(batch, [[0.5, -0.5]], False, None, False, True).result
+    (datum, *_), (meta, *_) = rows._evsys(batch, [[0.5, -0.5]], False, None, False, True, DatumMetadata).result
     chunk = datum.model_input.chunks[0]
     untracked = [chunk.tokens, chunk.__pydantic_fields_set__, datum.model_input.__pydantic_fields_set__]
     untracked += [td.shape for td in datum.loss_fn_inputs.values()]
@@ -201,14 +202,14 @@ def test_a_cycle_made_through_a_tracked_container_is_still_collected():
     import weakref
 
     batch = rows._probe_batch()
-    (datum, *_), _ = rows._evsys(batch, [[0.5, -0.5]], False, None, False, True).result
+    (datum, *_), _ = rows._evsys(batch, [[0.5, -0.5]], False, None, False, True, DatumMetadata).result
     datum.model_input.chunks.append(datum)  # a cycle, through the tracked chunks list
     chunk = weakref.ref(datum.model_input.chunks[0])
     del datum
     gc.collect()
     assert chunk() is None
     # A dict made untracked is tracked again when a container goes in.
-    (datum, *_), _ = rows._evsys(batch, [[0.5, -0.5]], False, None, False, True).result
+    (datum, *_), _ = rows._evsys(batch, [[0.5, -0.5]], False, None, False, True, DatumMetadata).result
     datum.loss_fn_inputs["cycle"] = [datum]
     assert gc.is_tracked(datum.loss_fn_inputs)
 

@@ -88,16 +88,15 @@ def _evsys(
     vocab_size: int | None,
     numpy_tokens: bool,
     direct: bool,
+    metadata_class: type,
 ) -> _core.BuiltDatums:
     # The pair is made by the core with the GC still paused, so the young
     # collection due for the new objects runs at the caller's next
     # allocation: returned as it is, with no tuple made here.
-    from .evsys.metadata import DatumMetadata
-
     return _core.assemble_datums(
         groups,
         advantages,
-        metadata_class=DatumMetadata,
+        metadata_class=metadata_class,
         merge_turns=merge_turns,
         vocab_size=vocab_size,
         numpy_tokens=numpy_tokens,
@@ -182,27 +181,32 @@ def _same_tensor(a: Any, b: Any) -> bool:
     return True
 
 
-def _probe_batch() -> list[Any]:
-    import numpy as np
-
-    from .evsys.env import Trajectory, TrajectoryGroup, Turn
-
-    return [
-        TrajectoryGroup(
-            [
-                Trajectory([Turn([7, 8], [9, 10], [-0.5, -0.25]), Turn([], [1, True, 3], [-1.0, -2.0, -3.0])], 1.0),
-                Trajectory([Turn((2**31 - 1, 5), np.array([6, 7]), np.array([-0.125, -0.5]))], 0.0),
-            ],
-            tags=["probe"],
-        )
-    ]
-
-
 class _Probe:
-    """A cookbook-shaped object for the probe (tinker_cookbook is optional)."""
+    """An object of the probe batches, read by attribute as the core reads
+    the evsys API's and the cookbook's (neither is imported here)."""
 
     def __init__(self, **fields: Any) -> None:
         self.__dict__.update(fields)
+
+
+class _ProbeMetadata(tuple):
+    """The evsys probe's metadata: the core calls ``metadata_class`` with
+    each row's values in order, as it calls ``DatumMetadata``."""
+
+    def __new__(cls, *values: Any) -> _ProbeMetadata:
+        return super().__new__(cls, values)
+
+
+def _probe_batch() -> list[Any]:
+    """An evsys-shaped batch: two turns, a fitted one, numpy columns."""
+    import numpy as np
+
+    def turn(prompt: Any, completion: Any, logprobs: Any) -> _Probe:
+        return _Probe(prompt_tokens=prompt, completion_tokens=completion, logprobs=logprobs)
+
+    first = _Probe(turns=[turn([7, 8], [9, 10], [-0.5, -0.25]), turn([], [1, True, 3], [-1.0, -2.0, -3.0])], reward=1.0)
+    second = _Probe(turns=[turn((2**31 - 1, 5), np.array([6, 7]), np.array([-0.125, -0.5]))], reward=0.0)
+    return [_Probe(trajectories=[first, second], tags=["probe"])]
 
 
 def _cookbook_probe_batch() -> list[Any]:
@@ -257,8 +261,8 @@ def _direct_path_check() -> str | None:
     batch, advantages = _probe_batch(), [[0.5, -0.5]]
     for merge_turns in (False, True):
         for numpy_tokens in (False, True):
-            ours, our_meta = _evsys(batch, advantages, merge_turns, None, numpy_tokens, True).result
-            theirs, their_meta = _evsys(batch, advantages, merge_turns, None, numpy_tokens, False).result
+            ours, our_meta = _evsys(batch, advantages, merge_turns, None, numpy_tokens, True, _ProbeMetadata).result
+            theirs, their_meta = _evsys(batch, advantages, merge_turns, None, numpy_tokens, False, _ProbeMetadata).result
             if not (len(ours) == len(theirs) > 0 and all(map(same_datum, ours, theirs)) and our_meta == their_meta):
                 return (
                     f"an evsys probe batch (merge_turns={merge_turns}, numpy_tokens={numpy_tokens}) built directly"
@@ -328,14 +332,20 @@ def _numpy_tokens_check() -> str | None:
 
 
 def build_datums(
-    groups: Sequence[Any], advantages: Any, merge_turns: bool, vocab_size: int | None, numpy_tokens: bool
+    groups: Sequence[Any],
+    advantages: Any,
+    merge_turns: bool,
+    vocab_size: int | None,
+    numpy_tokens: bool,
+    metadata_class: type,
 ) -> _core.BuiltDatums:
-    """The evsys API's Datums, their metadata, and how the logprobs of turns
-    were fitted."""
+    """The evsys API's Datums, their metadata (``metadata_class``'s, the
+    evsys API's ``DatumMetadata``), and how the logprobs of turns were
+    fitted."""
     unsupported = _numpy_tokens_check() if numpy_tokens else None
     if unsupported:
         raise RuntimeError(f"model_input_tokens='numpy' is not available: {unsupported}")
-    return _evsys(groups, advantages, merge_turns, vocab_size, numpy_tokens, direct())
+    return _evsys(groups, advantages, merge_turns, vocab_size, numpy_tokens, direct(), metadata_class)
 
 
 def cookbook_datums(

@@ -125,6 +125,7 @@ def assemble_training_data(
         bool(merge_turns),
         _vocab_size(vocab_size),
         model_input_tokens == "numpy",
+        DatumMetadata,
     )
     _warn_fitted(built.fitted)
     return built.result

@@ -258,7 +258,7 @@ def _is_ours(value: Any) -> bool:
 
 def _warn(message: str, stacklevel: int = 4) -> None:
     """An InstallWarning pointing at the line that called install() (4:
-    from transaction.install, called by cookbook.install or tinker.install)."""
+    from transaction.install, called by cookbook.install or tinker_rl_data.install)."""
     warnings.warn(message, InstallWarning, stacklevel=stacklevel)
 
 
