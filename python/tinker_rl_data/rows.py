@@ -189,12 +189,16 @@ class _Probe:
         self.__dict__.update(fields)
 
 
-class _ProbeMetadata(tuple):
-    """The evsys probe's metadata: the core calls ``metadata_class`` with
-    each row's values in order, as it calls ``DatumMetadata``."""
+@dataclass
+class _ProbeMetadata:
+    """The evsys probe's metadata: a dataclass of the fields the core fills
+    in the evsys API's ``DatumMetadata`` (by position, or directly by name)."""
 
-    def __new__(cls, *values: Any) -> _ProbeMetadata:
-        return super().__new__(cls, values)
+    group_idx: int
+    traj_idx: int
+    turn_idx: int
+    tags: list[str]
+    n_turns: int
 
 
 def _probe_batch() -> list[Any]:
