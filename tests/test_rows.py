@@ -242,7 +242,7 @@ def test_importing_the_package_builds_and_encodes_nothing():
     """The direct-construction check and tinker's classes are resolved when
     first needed (a first batch, or install()'s report), not at import."""
     script = (
-        "import tinker_rl_data, tinker_rl_data.features as f\n"
+        "import tinker_rl_data, tinker_rl_data.cookbook, tinker_rl_data.features as f\n"
         "from tinker_rl_data import rows\n"
         "f.declared()\n"
         "print(rows.classes.cache_info().misses, rows.direct_construction.cache_info().misses)\n"

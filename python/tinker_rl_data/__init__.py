@@ -16,7 +16,7 @@ A drop-in for ``evsys_sdk.training.data_processing``::
 Layout: ``evsys/`` (that front door), ``cookbook/`` (the cookbook's data
 processing, step metrics, KL passes, GC held to the step, rollout workers),
 ``tinker/`` (request bytes, coalesced sampling, transport), ``features``
-(the list of every feature), ``rows`` (Datums for both front doors),
+(the features' order and the registry of their declarations), ``rows`` (Datums for both front doors),
 ``patch/`` (features' declarations, pieces, install transaction, report,
 launcher), ``switches`` (every environment variable), ``errors``.
 The contract is in the README, ``docs/contract.md`` and the docstrings.
@@ -54,7 +54,8 @@ def install(*, strict: bool | None = None) -> Report:
     by the Rust core, where their probes find them equal to tinker's on this
     machine (the policy: :mod:`tinker_rl_data.patch.transaction`). Returns
     the report; calling it again is harmless; :func:`uninstall` undoes it."""
-    from . import features  # (every feature: the report has a line for each)
+    from . import cookbook  # noqa: F401  (every feature's module: the report has a line for each)
+    from . import features
     from .patch import transaction
     from .tinker import request_bytes
 

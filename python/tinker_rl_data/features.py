@@ -1,43 +1,68 @@
-"""The package's features, in the report's order: the one list of them.
-Everything else is derived from their declarations (each module's
-``FEATURE``, :class:`~tinker_rl_data.patch.feature.Feature`): install()'s
-options and what they select (:func:`chosen`), the launcher's flags, the
-report's lines, ``status()``, and the tables of pieces and switches in the
-docs (:func:`piece_table`, :func:`switch_table`; tests/patch/test_features.py
-keeps the docs equal to them). A new feature is a new module ending with
-its ``FEATURE``, and its entry in :func:`modules` (with its import) here.
+"""The package's features: their order in the report, and the registry
+their declarations register into. Each feature's module ends with its
+``FEATURE`` (:class:`~tinker_rl_data.patch.feature.Feature`), registered
+here as the module is imported::
 
-It sits at the package's level, above ``tinker/`` and ``cookbook/`` whose
-modules it lists: ``cookbook.install()`` installs them all,
-``tinker_rl_data.install()`` the request bytes alone, and each report has a
-line for every one."""
+    FEATURE = features.register(__name__, Feature("kl", ...))
+
+Everything else is derived from the declarations: install()'s options and
+what they select (:func:`chosen`), the launcher's flags, the report's
+lines, ``status()``, and the tables of pieces and switches in the docs
+(:func:`piece_table`, :func:`switch_table`; tests/patch/test_features.py
+keeps the docs equal to them). A new feature is a new module registering
+its ``FEATURE``, its name in :data:`ORDER`, and its import in
+``tinker_rl_data.cookbook``.
+
+It imports nothing of ``tinker/`` or ``cookbook/``: their modules import
+it (one way). :func:`declared` needs every feature's module imported;
+``tinker_rl_data.cookbook`` imports them all (its own and tinker's), and
+every entry point reading the whole list imports it first:
+``cookbook.install()`` installs them all, ``tinker_rl_data.install()`` the
+request bytes alone, and each report has a line for every one."""
 
 from __future__ import annotations
 
 import inspect
-from types import ModuleType
+import sys
 from typing import Any, Mapping
 
 from . import switches
 from .patch.feature import Feature, Option, selected
 from .patch.report import Report
 
-__all__ = ["chosen", "declared", "modules", "options", "piece_table", "signature", "switch_table"]
+__all__ = ["ORDER", "chosen", "declared", "options", "piece_table", "register", "signature", "switch_table"]
+
+#: Every feature's name, in the report's order.
+ORDER = ("wire", "transport", "data", "step", "kl", "gc", "coalesce", "workers")
+
+#: Each registered feature's name -> the module holding its ``FEATURE``.
+_holders: dict[str, str] = {}
 
 
-def modules() -> tuple[ModuleType, ...]:
-    """Each feature's module, in the report's order. Imported when first
-    asked, not with this module: ``cookbook``, whose ``install()`` reads the
-    list, imports it last, to set that function's signature (:func:`signature`)."""
-    from .cookbook import data_processing, gc_step, kl, step, workers
-    from .tinker import coalesce, request_bytes, transport
-
-    return (request_bytes, transport, data_processing, step, kl, gc_step, coalesce, workers)
+def register(module: str, feature: Feature) -> Feature:
+    """``feature``, the declaration of ``module`` (its ``__name__``),
+    registered; returned, for the module's ``FEATURE``. Its name must be in
+    :data:`ORDER` (where its line goes), and no other module's."""
+    if feature.name not in ORDER:
+        raise ValueError(f"feature {feature.name!r} of {module} is not in {__name__}.ORDER: add it where its report line goes")
+    holder = _holders.setdefault(feature.name, module)
+    if holder != module:
+        raise ValueError(f"feature {feature.name!r} is declared by both {holder} and {module}")
+    return feature
 
 
 def declared() -> tuple[Feature, ...]:
-    """Every feature's declaration, as its module holds it now."""
-    return tuple(module.FEATURE for module in modules())
+    """Every feature's declaration, in :data:`ORDER`, as its module holds
+    it now (its ``FEATURE``: a test may replace it). Raises LookupError
+    naming the features whose module is not imported."""
+    modules = {name: sys.modules[_holders[name]] for name in ORDER if _holders.get(name) in sys.modules}
+    missing = [name for name in ORDER if name not in modules]
+    if missing:
+        raise LookupError(
+            f"{__name__}: no declaration of {', '.join(missing)}: their modules are not imported "
+            "(tinker_rl_data.cookbook imports every feature's module: import it first)"
+        )
+    return tuple(modules[name].FEATURE for name in ORDER)
 
 
 def options() -> dict[str, Any]:

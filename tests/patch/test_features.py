@@ -4,8 +4,9 @@ package's imports are derived from (or checked against) the declarations;
 was raised.
 
 The tables: ``features.piece_table()`` / ``features.switch_table()`` print
-them (``python -c "from tinker_rl_data import features;
-print(features.piece_table())"``); :data:`DOCS` are the files checked."""
+them (``python -c "import tinker_rl_data.cookbook; from tinker_rl_data
+import features; print(features.piece_table())"``: the cookbook package
+imports every feature's module); :data:`DOCS` are the files checked."""
 
 from __future__ import annotations
 
@@ -163,14 +164,43 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def assert_acyclic(graph: dict[str, set[str]]) -> None:
-    """Fails naming the first loop found (depth first, in name order)."""
+def entered(graph: dict[str, set[str]]) -> dict[tuple[str, str], str]:
+    """The imports that ``graph`` leaves implicit: importing a module runs
+    the ``__init__`` of each package it is in first, so a module importing
+    ``a.b.c`` from outside the package ``a.b`` imports ``a.b`` too. Each
+    such (importer, package) -> the module whose import runs it (the first
+    by name). A package's own modules, and its ``__init__`` importing them,
+    enter it from inside (it runs already): no edge. So the top package
+    ``tinker_rl_data`` gets none (every module is inside it): its
+    ``__init__`` importing its descendants (``install()`` the cookbook's
+    modules, for every feature's line) is no loop."""
+    found: dict[tuple[str, str], str] = {}
+    for importer, targets in graph.items():
+        for target in sorted(targets):
+            parts = target.split(".")
+            for n in range(2, len(parts)):
+                package = ".".join(parts[:n])
+                if package in graph and importer != package and not importer.startswith(package + "."):
+                    found.setdefault((importer, package), target)
+    return found
+
+
+def assert_acyclic(graph: dict[str, set[str]], via: dict[tuple[str, str], str] | None = None) -> None:
+    """Fails naming the first loop found (depth first, in name order);
+    an edge of ``via`` (:func:`entered`) is shown as the import that makes it."""
     state: dict[str, int] = {}
+    via = via or {}
+
+    def shown(path: list[str]) -> str:
+        steps = [path[0]]
+        for a, b in zip(path, path[1:]):
+            steps.append(f"{via[a, b]} (whose package {b} runs first)" if (a, b) in via and b not in graph[a] else b)
+        return " -> ".join(steps)
 
     def visit(node: str, path: list[str]) -> None:
         state[node] = 1
-        for target in sorted(graph[node]):
-            assert state.get(target) != 1, " -> ".join([*path[path.index(target) :], target])
+        for target in sorted(graph[node] | {p for (a, p) in via if a == node}):
+            assert state.get(target) != 1, shown([*path[path.index(target) :], target])
             if target not in state:
                 visit(target, [*path, target])
         state[node] = 2
@@ -181,17 +211,58 @@ def assert_acyclic(graph: dict[str, set[str]]) -> None:
 
 
 def test_no_import_cycle_among_the_package_modules():
+    """No loop of imports, lazy ones (inside a function) included, and
+    counting the package ``__init__`` each import runs first
+    (:func:`entered`): a feature module imports the list of features
+    (:mod:`tinker_rl_data.features`, registering its declaration there),
+    never the other way, and the cookbook package imports every feature's
+    module. The top package's ``__init__`` may import its descendants (the
+    one exception: no import enters it from outside)."""
     graph = import_graph()
-    assert "tinker_rl_data.features" in graph["tinker_rl_data.cookbook"]
-    assert_acyclic(graph)
+    via = entered(graph)
+    assert "tinker_rl_data.features" in graph["tinker_rl_data.cookbook"]  # (the graph was read)
+    assert ("tinker_rl_data.evsys.data_processing", "tinker_rl_data.rows") not in via  # (a top-level module: no package)
+    assert ("tinker_rl_data", "tinker_rl_data.cookbook") not in via
+    assert_acyclic(graph, via)
+
+
+def test_each_feature_module_registers_its_declaration():
+    """Feature module -> features, one way: ``features`` imports no feature
+    module; each registers its ``FEATURE`` there, and the list is whole
+    once ``tinker_rl_data.cookbook`` (which imports them all) is imported."""
+    graph = import_graph()
+    holders = {_module_name(p) for p in PACKAGE.rglob("*.py") if re.search(r"^FEATURE = features\.register\(\s*__name__,", p.read_text(), re.M)}
+    assert len(holders) == len(features.ORDER) and all("tinker_rl_data.features" in graph[m] for m in holders)
+    assert not {t for t in graph["tinker_rl_data.features"] if t.startswith(("tinker_rl_data.tinker", "tinker_rl_data.cookbook"))}
+    assert [f.name for f in features.declared()] == list(features.ORDER)
+    assert {sys.modules[m].FEATURE.name for m in holders} == set(features.ORDER)
+    code = (
+        "import tinker_rl_data.features as f, tinker_rl_data.tinker.request_bytes\n"
+        "try:\n    f.declared()\nexcept LookupError as e:\n    print(e)\n"
+        "import tinker_rl_data.cookbook\n"
+        "print(len(f.declared()))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    missing, whole = done.stdout.splitlines()
+    assert "no declaration of transport, data, step, kl, gc, coalesce, workers" in missing and "import it first" in missing
+    assert whole == str(len(features.ORDER))
+
+
+def test_a_feature_registers_once_and_in_the_order():
+    with pytest.raises(ValueError, match="not in tinker_rl_data.features.ORDER"):
+        features.register("elsewhere", Feature("unlisted", "a feature of no line", ()))
+    with pytest.raises(ValueError, match="declared by both tinker_rl_data.cookbook.kl and elsewhere"):
+        features.register("elsewhere", Feature("kl", "a second kl", ()))
+    assert features.register(kl.__name__, kl.FEATURE) is kl.FEATURE  # (its own module again: a reload)
 
 
 def test_no_import_cycle_among_the_subpackages():
     """Importing a module runs its package's ``__init__`` first, so the
     subpackages (tinker/, cookbook/, patch/, evsys/) must not import each
-    other in a loop either, lazily or not: the list of every feature, which
-    imports both tinker's and the cookbook's modules, is at the package's
-    level (``tinker_rl_data.features``), not in one of them."""
+    other in a loop either, lazily or not: the registry of every feature,
+    where both tinker's and the cookbook's modules register theirs, is at
+    the package's level (``tinker_rl_data.features``), not in one of them."""
     subpackages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
     assert {"tinker", "cookbook", "patch", "evsys"} <= subpackages
 

@@ -6,15 +6,26 @@ their pieces: :mod:`.data_processing` (``rl.data_processing``),
 :mod:`.step` (the step's metrics and usage), :mod:`.kl` (the KL penalty
 and distillation passes), :mod:`.gc_step` (the collector held to the step),
 :mod:`.workers` (the same install in a rollout executor's workers).
+
+Importing this package imports every feature's module, these and
+tinker's (:mod:`tinker_rl_data.tinker`), each registering its declaration
+in :mod:`tinker_rl_data.features`: the whole list, which :func:`install`
+reads (its keywords, the report's lines), and whoever needs it imports
+this package first.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .. import features
 from ..patch import transaction
 from ..patch.feature import InstallCall
 from ..patch.report import Report
+# Every feature's module (data_processing and step: below), each registering
+# its FEATURE: the report has a line for every one.
+from ..tinker import coalesce, request_bytes, transport  # noqa: F401
+from . import gc_step, kl, workers  # noqa: F401
 from .data_processing import assemble_training_data as assemble_training_data
 from .data_processing import compute_advantages as compute_advantages
 from .data_processing import remove_constant_reward_groups as remove_constant_reward_groups
@@ -108,10 +119,6 @@ def uninstall() -> None:
         if feature.uninstalled is not None:
             feature.uninstalled()
 
-
-# Last, with install() defined: the list of every feature (which lists this
-# package's modules) gives install()'s keywords.
-from .. import features  # noqa: E402
 
 install.__signature__ = features.signature()  # type: ignore[attr-defined]
 

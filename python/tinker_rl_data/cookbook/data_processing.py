@@ -64,6 +64,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Callable, Iterable, Sequence
 
+from .. import features
 from ..errors import Unsupported, left_to
 from ..patch.feature import Feature
 from ..patch.piece import Piece, check, outcome, same_outcome
@@ -584,4 +585,4 @@ PIECES = (
     _piece("remove_constant_reward_groups", _as_it_is(remove_constant_reward_groups), probe_remove_constant_reward_groups),
 )
 
-FEATURE = Feature("data", "cookbook data processing", PIECES, switch=False)
+FEATURE = features.register(__name__, Feature("data", "cookbook data processing", PIECES, switch=False))

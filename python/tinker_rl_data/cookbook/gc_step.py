@@ -87,7 +87,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .. import switches
+from .. import features, switches
 from ..patch.feature import Feature, Option, WorkerPart, WorkerStart
 from ..patch.piece import Piece, ProbeFailed
 
@@ -622,19 +622,22 @@ def worker_started(start: WorkerStart) -> RolloutSteps | None:
     return RolloutSteps(StepCollector())
 
 
-FEATURE = Feature(
-    "gc",
-    "GC held to the trainer's step",
-    PIECES,
-    options=(
-        Option(
-            "gc_headroom",
-            None,
-            "how far the small objects' memory grows in a step before a full collection, as a fraction",
-            variable=switches.GC_HEADROOM,
-            example="0.5",
+FEATURE = features.register(
+    __name__,
+    Feature(
+        "gc",
+        "GC held to the trainer's step",
+        PIECES,
+        options=(
+            Option(
+                "gc_headroom",
+                None,
+                "how far the small objects' memory grows in a step before a full collection, as a fraction",
+                variable=switches.GC_HEADROOM,
+                example="0.5",
+            ),
         ),
+        configure=configured,
+        worker=worker_started,
     ),
-    configure=configured,
-    worker=worker_started,
 )

@@ -52,7 +52,7 @@ import logging
 import sys
 from typing import Any, AsyncIterator, Callable, Iterable
 
-from .. import _core
+from .. import _core, features
 from ..errors import ProbeFailed, left_to
 from ..patch.feature import Feature
 from ..patch.piece import Piece, check, outcome, run_to_end, same_metrics, same_outcome
@@ -602,7 +602,7 @@ PIECES = (
     ),
 )
 
-FEATURE = Feature("kl", "cookbook KL penalty passes", PIECES)
+FEATURE = features.register(__name__, Feature("kl", "cookbook KL penalty passes", PIECES))
 
 # For calling directly (not installed): each falls back to the cookbook's
 # function as its module holds it when called.

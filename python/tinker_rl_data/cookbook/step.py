@@ -30,7 +30,7 @@ import dataclasses
 import sys
 from typing import Any, Callable
 
-from .. import _core
+from .. import _core, features
 from ..errors import left_to
 from ..patch.feature import Feature
 from ..patch.piece import Piece, check, outcome, same_metrics, same_outcome
@@ -232,7 +232,7 @@ PIECES = (
     _piece("rl.train", "training_usage", make_training_usage, probe_training_usage, since="0.6.1"),
 )
 
-FEATURE = Feature("step", "cookbook step metrics and usage", PIECES, switch=False)
+FEATURE = features.register(__name__, Feature("step", "cookbook step metrics and usage", PIECES, switch=False))
 
 # For calling directly (not installed): each falls back to the cookbook's
 # function as its module holds it when called.

@@ -91,7 +91,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import switches
+from .. import features, switches
 from ..errors import InstallError, InstallWarning, NotNeeded, ProbeFailed
 from ..patch.feature import Feature, InstallCall, WorkerPart, WorkerStart
 from ..patch.piece import Piece
@@ -122,11 +122,13 @@ class Settings:
     gc_headroom: str = ""
     env: tuple[tuple[str, str], ...] = ()
     driver: tuple[str, int, str] = ("", 0, "")
-    catalog: str = "tinker_rl_data.features"
+    catalog: str = features.__name__
 
     def features(self) -> Any:
         """The driver's catalog of features (found by name: a worker
-        imports it fresh), to install those named in ``options``."""
+        imports it fresh; this module's package has imported every
+        feature's module, registering them there), to install those named
+        in ``options``."""
         import importlib
 
         return importlib.import_module(self.catalog).declared()
@@ -813,12 +815,15 @@ def status() -> list[str]:
     return [f"worker {line}" for line in describe()]
 
 
-FEATURE = Feature(
-    "workers",
-    "the same install in rollout workers",
-    PIECES,
-    switch=False,
-    installed=followed,
-    uninstalled=stop,
-    status=status,
+FEATURE = features.register(
+    __name__,
+    Feature(
+        "workers",
+        "the same install in rollout workers",
+        PIECES,
+        switch=False,
+        installed=followed,
+        uninstalled=stop,
+        status=status,
+    ),
 )

@@ -1,7 +1,7 @@
 """The patch layer: what a feature declares (:mod:`.feature`, its pieces
 :mod:`.piece`), the install transaction (:mod:`.transaction`), its report
 (:mod:`.report`) and the launcher (:mod:`.launch`). It names no feature:
-it is handed the declarations (:mod:`tinker_rl_data.features` lists them)."""
+it is handed the declarations (registered in :mod:`tinker_rl_data.features`)."""
 
 from .feature import Feature as Feature
 from .piece import Piece as Piece

@@ -1,13 +1,13 @@
 """What a feature module declares: one :class:`Feature`, its name, default,
 one-line description, switches, pieces and hooks. The patch layer is handed
-these declarations (:mod:`tinker_rl_data.features` lists them) and derives
+these declarations (registered in :mod:`tinker_rl_data.features`) and derives
 install()'s options, the launcher's flags, the report's lines, ``status()``
 and the switches table from them; it names no feature.
 
 A module in the older style (a ``PIECES`` tuple whose pieces name their
-feature) is adapted by one line::
+feature) is adapted by one line, registered like every declaration::
 
-    FEATURE = Feature("transport", "tinker's transport", transport.PIECES, default=False)
+    FEATURE = features.register(__name__, Feature("transport", "tinker's transport", PIECES, default=False))
 """
 
 from __future__ import annotations

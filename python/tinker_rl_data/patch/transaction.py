@@ -1,6 +1,6 @@
 """The transaction that installs and uninstalls the pieces of the features
-it is handed (:class:`~.feature.Feature`; :mod:`tinker_rl_data.features`
-lists the package's).
+it is handed (:class:`~.feature.Feature`; the package's are registered in
+:mod:`tinker_rl_data.features`).
 
 A piece goes in only when, at install time,
 

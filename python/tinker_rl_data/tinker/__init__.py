@@ -6,7 +6,8 @@ transport (:mod:`.transport`), each module declaring its pieces.
 :func:`tinker_rl_data.install` puts in the request bytes alone, for a
 program that sends its own Datums; a cookbook trainer uses
 :func:`tinker_rl_data.cookbook.install`, which includes them. Both are
-above this package (they read :mod:`tinker_rl_data.features`, the list of
-every feature, which lists this package's modules): nothing here imports
-upwards.
+above this package (they read the whole list of features,
+:mod:`tinker_rl_data.features`, where each feature module here registers
+its declaration; ``tinker_rl_data.cookbook`` imports them): nothing here
+imports upwards.
 """

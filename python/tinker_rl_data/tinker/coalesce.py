@@ -69,7 +69,7 @@ import threading
 from concurrent.futures import CancelledError, Future, InvalidStateError, as_completed, wait
 from typing import Any, Callable
 
-from .. import _core
+from .. import _core, features
 from ..patch.feature import Feature, WorkerPart, WorkerStart
 from ..patch.piece import Piece, ProbeFailed
 from . import futures
@@ -534,4 +534,4 @@ def worker_started(start: WorkerStart) -> WorkerPart:
     return _WorkerCounts()
 
 
-FEATURE = Feature("coalesce", "coalesced sampling", PIECES, default=False, status=status, worker=worker_started)
+FEATURE = features.register(__name__, Feature("coalesce", "coalesced sampling", PIECES, default=False, status=status, worker=worker_started))

@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
+from .. import features
 from ..patch.feature import Feature
 from . import forward_backward, sample
 
 __all__ = ["FEATURE"]
 
-FEATURE = Feature("wire", "tinker's request bytes", (*forward_backward.PIECES, *sample.PIECES))
+FEATURE = features.register(__name__, Feature("wire", "tinker's request bytes", (*forward_backward.PIECES, *sample.PIECES)))

@@ -76,7 +76,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
-from .. import switches
+from .. import features, switches
 from ..patch.feature import Feature
 from ..patch.piece import Piece, check
 from . import futures
@@ -1222,4 +1222,4 @@ PIECES = (
     ),
 )
 
-FEATURE = Feature("transport", "tinker's step requests sent lean", PIECES)
+FEATURE = features.register(__name__, Feature("transport", "tinker's step requests sent lean", PIECES))
