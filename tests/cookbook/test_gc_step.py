@@ -471,6 +471,7 @@ def test_garbage_reaching_the_old_generation_is_collected_inside_the_step(monkey
     # full collection frees them. With the headroom, armed by memory, in the
     # synchronous stretch itself; with `off`, none until the step's end.
     monkeypatch.setattr(_gc_step, "_CHECK_INTERVAL", 0.0)
+    monkeypatch.setattr(_gc_step, "_CHECK_SHARE", 1.0)
 
     def churn(collector: StepCollector) -> tuple[int, int]:
         collector.loop_started()
@@ -496,12 +497,41 @@ def test_garbage_reaching_the_old_generation_is_collected_inside_the_step(monkey
     assert unbounded > 300_000 and bounded < unbounded / 2, (bounded, unbounded)
 
 
+def test_a_read_of_the_heap_that_costs_more_is_made_more_seldom(monkeypatch):
+    # sys.getallocatedblocks() visits every pool: at 4 GB a read costs ~2.5
+    # ms, and reading every 50 ms would cost 5% of the step. Each read waits
+    # its own cost over _CHECK_SHARE (0.2%): a read of 5 ms, once a 2.5 s.
+    import time
+
+    reads: list[float] = []
+
+    def slow_read() -> int:
+        reads.append(time.monotonic())
+        time.sleep(0.005)
+        return 0  # never above the limit: nothing is armed
+
+    monkeypatch.setattr(_gc_step, "_allocated_blocks", slow_read)
+    collector = StepCollector(headroom=0.25)
+    collector.loop_started()
+    try:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # young collections all along
+            cycle: list[Any] = []
+            cycle.append(cycle)
+            del cycle
+    finally:
+        collector.loop_ended()
+    assert collector.stats.young_collections > 100, collector.stats
+    assert 1 <= len(reads) <= 2, reads  # at 50 ms apart: 17 or more
+
+
 def test_a_later_step_holds_its_work_in_flight_again_unscanned(monkeypatch):
     # Each step keeps a batch of objects to its end (work in flight, far
     # more than the headroom of what the process held): the first step's
     # armed collections find it live; the later steps' bound allows as much
     # again, and they run with no full collection but their end's.
     monkeypatch.setattr(_gc_step, "_CHECK_INTERVAL", 0.0)
+    monkeypatch.setattr(_gc_step, "_CHECK_SHARE", 1.0)
     collector = StepCollector(headroom=0.25)
     armed_per_step = []
     collector.loop_started()
