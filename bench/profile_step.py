@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -43,20 +45,41 @@ UNDER = (
 )
 
 
+# Packages a frame's time is charged to (the rest is the standard library's
+# or the interpreter's: the event loop, threads, imports).
+OWNERS = ("tinker_rl_data", "tinker_cookbook", "tinker", "pyqwest", "httpx", "httpcore", "pydantic", "numpy", "torch")
+
+
+@functools.cache
 def package(path: str) -> str:
-    """The top-level package (or stdlib module) a frame's file belongs to."""
-    if "site-packages/" in path:
-        rest = path.split("site-packages/", 1)[1]
-    elif "/lib/python3" in path:
-        rest = path.split("/lib/python3", 1)[1].split("/", 1)[-1]
-    else:
-        rest = path
-    head = rest.split("/", 1)[0]
-    return head.removesuffix(".py") or path
+    """The top-level package (or stdlib module) of a frame's file. py-spy
+    shortens paths to their shortest unique suffix (``retry_handler.py``):
+    such a file is looked for under the owners' installed directories."""
+    head = path.split("/", 1)[0].removesuffix(".py")
+    if head in OWNERS or path.startswith("<"):
+        return head
+    for name in OWNERS:
+        spec = importlib.util.find_spec(name)
+        if spec and any(next(Path(root).rglob(path), None) for root in spec.submodule_search_locations or ()):
+            return name
+    return head
+
+
+def owner(frames: list[str]) -> str:
+    """The package a sample's time is charged to: the innermost frame's of
+    one of OWNERS (a standard-library leaf goes to its caller's), else
+    "stdlib / interpreter" (the event loop, a thread's wait, an import)."""
+    for frame in reversed(frames):
+        match = FRAME.match(frame)
+        name = package(match.group("file")) if match else ""
+        if name in OWNERS:
+            return name
+    return "stdlib / interpreter"
 
 
 def summarize(raw: Path, top: int = 25) -> str:
     own_pkg: collections.Counter[str] = collections.Counter()
+    owners: collections.Counter[str] = collections.Counter()
     own_fn: collections.Counter[str] = collections.Counter()
     under: collections.Counter[str] = collections.Counter()
     total = 0
@@ -73,6 +96,7 @@ def summarize(raw: Path, top: int = 25) -> str:
         file = leaf.group("file") if leaf else frames[-1]
         fn = leaf.group("fn") if leaf else frames[-1]
         own_pkg[package(file)] += n
+        owners[owner(frames)] += n
         own_fn[f"{fn} ({package(file)})"] += n
         names = {(FRAME.match(f) or [None, f])[1] for f in frames}
         for name in UNDER:
@@ -80,7 +104,9 @@ def summarize(raw: Path, top: int = 25) -> str:
                 under[name] += n
     if not total:
         return "no samples"
-    lines = [f"{total} samples", "", "self time by package:"]
+    lines = [f"{total} samples", "", "charged to (innermost frame of a package, standard library to its caller):"]
+    lines += [f"  {k:<40} {v / total:6.1%}" for k, v in owners.most_common()]
+    lines += ["", "self time by package:"]
     lines += [f"  {k:<40} {v / total:6.1%}" for k, v in own_pkg.most_common(15)]
     lines += ["", "self time by function:"]
     lines += [f"  {k:<70} {v / total:6.1%}" for k, v in own_fn.most_common(top)]
@@ -93,9 +119,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="prof.txt (raw stacks) is written here")
     p.add_argument("--rate", type=int, default=50, help="samples per second")
+    p.add_argument("--summarize", action="store_true", help="only summarize the existing prof.txt")
     args, run = p.parse_known_args()
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     raw = Path(args.out).with_suffix(".txt")
+    if args.summarize:
+        print(summarize(raw))
+        return
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [spy, "record", "-r", str(args.rate), "-f", "raw", "-o", str(raw), "--"]
         cmd += [sys.executable, str(RUNNER), *run, "--record", f"{tmp}/record", "--out", f"{tmp}/run.json"]
