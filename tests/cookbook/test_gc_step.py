@@ -499,15 +499,18 @@ def test_garbage_reaching_the_old_generation_is_collected_inside_the_step(monkey
 
 def test_a_read_of_the_heap_that_costs_more_is_made_more_seldom(monkeypatch):
     # sys.getallocatedblocks() visits every pool: at 4 GB a read costs ~2.5
-    # ms, and reading every 50 ms would cost 5% of the step. Each read waits
-    # its own cost over _CHECK_SHARE (0.2%): a read of 5 ms, once a 2.5 s.
+    # ms of CPU, and reading every 50 ms would cost 5% of the step. Each
+    # read waits its own CPU time over _CHECK_SHARE (1%): a read of 10 ms,
+    # once a second.
     import time
 
     reads: list[float] = []
 
     def slow_read() -> int:
         reads.append(time.monotonic())
-        time.sleep(0.005)
+        spent = time.thread_time() + 0.01
+        while time.thread_time() < spent:  # CPU, as the read's walk is
+            pass
         return 0  # never above the limit: nothing is armed
 
     monkeypatch.setattr(_gc_step, "_allocated_blocks", slow_read)

@@ -139,21 +139,34 @@ def _cookbook_trajectory(turns, as_arrays: bool):
     return NS(transitions=transitions)
 
 
+def _the_cookbooks_trajectory_to_data():
+    """tinker-cookbook's own function, or None where it does not import."""
+    try:
+        from tinker_cookbook.rl import data_processing
+    except ImportError:
+        return None
+    return data_processing.trajectory_to_data
+
+
 @given(st.lists(array_turns(), min_size=1, max_size=3), st.booleans())
-def test_cookbook_arrays_give_the_datums_of_the_equal_lists(pairs, include_provenance):
-    # The cookbook's own logprobs must be as long as the action.
+def test_cookbook_arrays_give_the_datums_of_the_equal_lists_or_the_cookbooks_outcome(pairs, include_provenance):
+    # Without tinker-cookbook, action buffers are read as the equal lists;
+    # with it, they get the cookbook's own outcome (contract §9: its failure,
+    # or, where it reads them, its Datums), not ours.
     pairs = [(a, b) for a, b in pairs if len(a.logprobs) == len(a.completion_tokens)]
     arrays = [(a.prompt_tokens, a.completion_tokens, a.logprobs) for a, _ in pairs]
     lists = [(b.prompt_tokens, b.completion_tokens, b.logprobs) for _, b in pairs]
 
-    def outcome(turns, as_arrays):
+    def outcome(function, turns, as_arrays):
         try:
-            datums = cookbook.trajectory_to_data(_cookbook_trajectory(turns, as_arrays), 0.5, include_provenance)
-        except ValueError as e:
+            datums = function(_cookbook_trajectory(turns, as_arrays), 0.5, include_provenance)
+        except Exception as e:
             return ("raised", type(e).__name__, str(e))
         return [cookbook_content(d) for d in datums]
 
-    assert outcome(arrays, True) == outcome(lists, False)
+    theirs = _the_cookbooks_trajectory_to_data()
+    expected = outcome(theirs, arrays, True) if theirs else outcome(cookbook.trajectory_to_data, lists, False)
+    assert outcome(cookbook.trajectory_to_data, arrays, True) == expected
 
 
 @pytest.mark.parametrize(

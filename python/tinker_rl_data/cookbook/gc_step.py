@@ -22,8 +22,8 @@ things, and only when the collector runs:
   cycles die young, as they do without this module). The oldest is
   collected when the memory of Python's small objects
   (``sys.getallocatedblocks()``, frozen ones included, read at a young
-  collection at most every 50 ms, or more seldom where a read costs more
-  than 0.2% of that: it visits the whole heap) has grown by ``headroom`` (0.25, as
+  collection at most every 50 ms, or more seldom where a read would take
+  more than 1% of the time: it visits the whole heap) has grown by ``headroom`` (0.25, as
   CPython's quarter, but of memory) of the step's long-lived objects (or of
   its work in flight, where that is larger) past what the last full
   collection left, or past the step's base plus the most an armed
@@ -103,10 +103,11 @@ _NEVER = 2**30
 # How often (seconds) a young collection reads the small objects' memory, at
 # most: sys.getallocatedblocks() visits every pool of the allocator, so a
 # read costs in proportion to the heap (~0.1 ms at 1 GB, ~2.5 ms at 4 GB, a
-# 16x many_short batch): the next read waits at least the last one's cost
-# over _CHECK_SHARE, so reading takes at most that share of the time.
+# 16x many_short batch): the next read also waits the last one's CPU time
+# (the thread's: a read the scheduler paused is not a costly one) over
+# _CHECK_SHARE, so reading takes at most that share of the time.
 _CHECK_INTERVAL = 0.05
-_CHECK_SHARE = 0.002
+_CHECK_SHARE = 0.01
 _allocated_blocks = sys.getallocatedblocks
 # CPython 3.12's collections move the immortal objects they meet into the
 # frozen generation (375 of them in 3.12.1, made at startup; 3.11 and 3.13
@@ -490,8 +491,9 @@ class StepCollector:
         now = time.monotonic()
         if now < self._next_check:
             return
+        cpu = time.thread_time()
         blocks = _allocated_blocks()
-        cost = time.monotonic() - now
+        cost = time.thread_time() - cpu
         self._next_check = now + max(_CHECK_INTERVAL, cost / _CHECK_SHARE)
         if blocks > self._limit:
             # The next young collections go on to the oldest generation
