@@ -60,3 +60,14 @@ def test_the_readme_reads_in_two_minutes():
     speed rows, where the rest is); details belong in docs/."""
     lines = (TESTS.parent / "README.md").read_text().splitlines()
     assert len(lines) <= 130, f"README.md has {len(lines)} lines"
+
+
+def test_the_package_names_the_evsys_door_exports():
+    # tinker_rl_data lists the evsys names it loads at first use (importing
+    # the package imports nothing of the user's stack): the same list as the
+    # door's own, each name reaching the door's object.
+    import tinker_rl_data
+    from tinker_rl_data.evsys import data_processing
+
+    assert sorted(tinker_rl_data._EVSYS) == sorted(data_processing.__all__)
+    assert all(getattr(tinker_rl_data, name) is getattr(data_processing, name) for name in data_processing.__all__)
