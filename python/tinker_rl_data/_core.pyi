@@ -21,6 +21,7 @@ __all__ = [
     "assemble_cookbook",
     "encode_forward_backward",
     "_panic_probe",
+    "one_shot_reads",
     "Unsupported",
     "ValidationError",
     "kl_sample_train",
@@ -114,6 +115,8 @@ def assemble_cookbook(
 ) -> tuple[list[Any], list[dict[str, int]]]: ...
 def encode_forward_backward(request: Any, forward_only: Any, parts: Any) -> bytes: ...
 def _panic_probe() -> None: ...
+def one_shot_reads() -> int:
+    """How many one-shot iterators this thread's native passes have read as sequences."""
 
 # tinker-cookbook's RL step around the data (rust/py/step/, python/tinker_rl_data/cookbook/step.py).
 

@@ -48,6 +48,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_training_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(py_datum_without_mask, m)?)?;
     m.add_function(wrap_pyfunction!(py_panic_probe, m)?)?;
+    m.add_function(wrap_pyfunction!(py_one_shot_reads, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::sample::py_encode_sample_request, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::sample::py_sample_prompt_key, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::kl::py_kl_penalty, m)?)?;
@@ -103,6 +104,14 @@ pub struct Rows {
     turn_idx: Py<PyArray1<i64>>,
     n_turns: Py<PyArray1<i64>>,
     fitted: Py<Fitted>,
+}
+
+/// How many one-shot iterators (generators, iterators) this thread's
+/// native passes have read as sequences: a caller that would hand a refused
+/// input to another function checks that none was read meanwhile.
+#[pyfunction(name = "one_shot_reads")]
+pub fn py_one_shot_reads() -> u64 {
+    crate::py::read::one_shot_reads()
 }
 
 /// Advantages per group; the arguments are checked by the Python layer.

@@ -12,10 +12,14 @@ exceptions (a subprocess).
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import textwrap
+from decimal import Decimal
+from fractions import Fraction
 from types import SimpleNamespace as NS
+from unittest import mock
 
 import pytest
 
@@ -23,6 +27,7 @@ from conftest import cookbook_unavailable
 
 try:
     import numpy as np
+    import tinker
     import torch
     from tinker_cookbook.completers import TokensWithLogprobs
     from tinker_cookbook.exceptions import DataValidationError
@@ -82,6 +87,29 @@ CASES = {
     "bool_token": ([step(ob(text(1)), [2, True])], "ok"),
     "tuple_tokens": ([acted(ob(text(1)), action((2, 3)))], "ok"),
     "list_subclass_logprobs": ([acted(ob(text(1)), action([2, 3], Logprobs([-0.5, -0.25])))], "ok"),
+    # Logprobs of other types (issue 53): torch infers the dtype from them,
+    # or refuses them, where float() would read a number.
+    "bool_logprobs": ([acted(ob(text(1)), action([2, 3], [True, False]))], ValueError),
+    "numpy_int_logprobs": ([acted(ob(text(1)), action([2, 3], [np.int64(-1), np.int64(-2)]))], "ok"),
+    "numpy_int32_logprobs": ([acted(ob(text(1)), action([2, 3], [np.int32(-1), np.int32(-2)]))], "ok"),
+    "numpy_float32_logprobs": ([acted(ob(text(1)), action([2, 3], [np.float32(-0.5), np.float32(-1)]))], "ok"),
+    "numpy_float16_logprobs": ([acted(ob(text(1)), action([2, 3], [np.float16(-0.5), np.float16(-1)]))], "ok"),
+    "numpy_float64_logprobs": ([acted(ob(text(1)), action([2, 3], [np.float64(-0.5), np.float64(-1)]))], "ok"),
+    "numpy_bool_logprobs": ([acted(ob(text(1)), action([2, 3], [np.bool_(True), -0.5]))], "ok"),
+    "decimal_logprobs": ([acted(ob(text(1)), action([2, 3], [Decimal("-0.5"), Decimal("-1")]))], RuntimeError),
+    "fraction_logprobs": ([acted(ob(text(1)), action([2, 3], [Fraction(-1, 2), Fraction(-1)]))], RuntimeError),
+    "zero_d_array_logprobs": ([acted(ob(text(1)), action([2, 3], [np.array(-0.5), np.array(-1.0)]))], TypeError),
+    "zero_d_tensor_logprobs": ([acted(ob(text(1)), action([2, 3], [torch.tensor(-0.5), torch.tensor(-1.0)]))], "ok"),
+    "huge_int_logprobs": ([acted(ob(text(1)), action([2, 3], [2**70, -1]))], ValueError),
+    "huge_int_with_a_float": ([acted(ob(text(1)), action([2, 3], [2**70, -1.0]))], "ok"),
+    "bool_logprobs_after_context": ([acted(ob(text(1, 4)), action([2, 3], [True, False]))], "ok"),
+    # Tokens of other types.
+    "decimal_token": ([step(ob(text(1)), [2, Decimal(3)])], "ValidationError"),
+    "fraction_token": ([step(ob(text(1)), [2, Fraction(3)])], "ValidationError"),
+    "zero_d_array_token": ([step(ob(text(1)), [2, np.array(3)])], "ValidationError"),
+    "numpy_uint64_token": ([step(ob(text(1)), [2, np.uint64(3)])], "ValidationError"),
+    "numpy_bool_token": ([step(ob(text(1)), [2, np.bool_(True)])], "ValidationError"),
+    "token_2_70": ([step(ob(text(1)), [2, 2**70])], ValueError),
     # The cookbook's own checks: its class (ours was a subclass), its message.
     "one_token": ([step(ob(text(1)), [])], DataValidationError),
     "missing_logprobs": ([step(ob(text(1)), [2], logprobs=None)], ValueError),
@@ -226,6 +254,112 @@ def test_one_shot_iterators_are_not_read_twice():
     groups, advantages = batch_with(traj_of("one_token"))
     with pytest.raises(DataValidationError, match=r"^group 1, trajectory 1, transition 0: need at least 2"):
         ours.assemble_training_data(groups, [advantages[0], iter([0.25, -0.25])])
+
+
+def timed(f):
+    """A user's decorator (functools.wraps), as a timing wrapper is."""
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return f(*args, **kwargs)
+
+    return wrapper
+
+
+WRAPPERS = {
+    "decorator": timed,
+    "partial": functools.partial,
+    "mock": lambda f: mock.Mock(wraps=f),
+}
+
+
+@pytest.mark.parametrize("wrap", sorted(WRAPPERS))
+@pytest.mark.parametrize("name", ["token_2_31", "one_token", "ob_none"])
+@pytest.mark.parametrize("held", ["trajectory_to_data", "assemble_training_data"])
+def test_a_wrapper_around_ours_in_the_cookbooks_module_gets_the_cookbooks_outcome(held, name, wrap, route):
+    # The cookbook's module holds a user's wrapper around ours (issue 53): a
+    # refused input gets the cookbook's outcome, not a RecursionError.
+    calls = {
+        "trajectory_to_data": lambda f: outcome(f, traj_of(name), 0.5),
+        "assemble_training_data": lambda f: outcome(f, *batch_with(traj_of(name))),
+    }
+    theirs = {function: call(ORIGINALS[function]) for function, call in calls.items()}
+    for module in route():
+        with mock.patch.object(cookbook, held, WRAPPERS[wrap](getattr(module, held))):
+            mine = [(held, calls[held](getattr(cookbook, held)))]  # the wrapper, as the cookbook's users call it
+            mine += [(function, call(getattr(ours, function))) for function, call in calls.items()]
+        for function, result in mine:
+            check_same(function, theirs[function], result)
+
+
+def check_same(function, theirs, mine):
+    """Ours ends as the cookbook's ``function`` did: the same Datums, or its
+    exception with our note (of the outer call, or of a wrapped
+    trajectory_to_data that the cookbook's own assemble_training_data called)."""
+    if theirs[0] == "raised":
+        assert_same_exception(theirs, mine, ("group 1, trajectory 1, transition ", "transition "))
+        return
+    assert mine[0] == "ok", repr(mine[1])
+    (assert_same_datums if function == "trajectory_to_data" else assert_same_assembly)(theirs[1], mine[1])
+
+
+def one_shot(where, tokens):
+    """A trajectory whose transitions, or whose observation's chunks, are a
+    generator (model_construct keeps what it is given), made anew each call."""
+    chunks = [text(1)]
+    observation = tinker.ModelInput.model_construct(chunks=(c for c in chunks)) if where == "chunks" else ob(*chunks)
+    transitions = [step(observation, tokens)]
+    traj = Trajectory.__new__(Trajectory)
+    object.__setattr__(traj, "__dict__", {"transitions": transitions, "final_ob": ob()})
+    if where == "transitions":
+        traj.__dict__["transitions"] = (t for t in transitions)
+    return traj
+
+
+def one_shot_group(where, tokens):
+    good = Trajectory(transitions=[step(ob(text(1, 5)), [2, 3])], final_ob=ob())
+    trajectories = [good, one_shot(where if where != "trajectories_G" else "", tokens)]
+    group = TrajectoryGroup(trajectories_G=trajectories, final_rewards_G=[0.0, 1.0], metrics_G=[{}, {}])
+    if where == "trajectories_G":
+        group.__dict__["trajectories_G"] = (t for t in trajectories)
+    return [group], [[0.5, -0.5]]
+
+
+@pytest.mark.parametrize("where", ["transitions", "chunks", "trajectories_G"])
+def test_a_nested_one_shot_iterator_is_never_read_twice(where, route):
+    # Read natively: the cookbook's Datums. Refused (a token the cookbook
+    # takes, tinker's encoder later refuses): ours raises its own located
+    # error with a note, never the cookbook's function on an exhausted
+    # iterator (0 Datums on effe2b1).
+    functions = {
+        "trajectory_to_data": lambda f, tokens: f(one_shot(where, tokens), 0.5),
+        "assemble_training_data": lambda f, tokens: f(*one_shot_group(where, tokens)),
+    }
+    if where == "trajectories_G":
+        del functions["trajectory_to_data"]
+    theirs = {name: outcome(call, ORIGINALS[name], [2, 3]) for name, call in functions.items()}
+    refused_theirs = {name: outcome(call, ORIGINALS[name], [2, 2**31]) for name, call in functions.items()}
+    assert all(r[0] == "ok" and len(r[1]) for r in [*theirs.values(), *refused_theirs.values()])
+    for module in route():
+        for name, call in functions.items():
+            mine = outcome(call, getattr(module, name), [2, 3])
+            assert mine[0] == "ok", mine[1]
+            (assert_same_assembly if name == "assemble_training_data" else assert_same_datums)(theirs[name][1], mine[1])
+            refused = outcome(call, getattr(module, name), [2, 2**31])
+            assert refused[0] == "raised", f"{name} returned {refused[1]!r}"
+            assert type(refused[1]) is ValueError
+            assert "token 2147483648 is outside 0..2147483647" in str(refused[1])
+            assert any("one-shot iterator" in note for note in refused[1].__notes__)
+
+
+def test_an_input_the_cookbook_reads_otherwise_in_a_one_shot_iterator_is_a_type_error(route):
+    theirs = outcome(ORIGINALS["trajectory_to_data"], one_shot("transitions", [2, np.int64(3)]), 0.5)
+    assert theirs[0] == "raised"
+    for module in route():
+        mine = outcome(module.trajectory_to_data, one_shot("transitions", [2, np.int64(3)]), 0.5)
+        assert mine[0] == "raised" and type(mine[1]) is TypeError, mine[1]
+        assert str(mine[1]).startswith("group 0, trajectory 0, transition 0: ac.tokens[1] is not an int")
+        assert any("one-shot iterator" in note for note in mine[1].__notes__)
 
 
 def test_inputs_are_not_modified():

@@ -31,14 +31,19 @@ refuses when the request is made; under ``python -O``, a Datum whose
 logprobs do not match its tokens), else its exception (class, message,
 attributes), to which our message, saying where (``group G, trajectory T,
 transition U: ...``), is added as a note (PEP 678) where it says more.
-Inputs the cookbook fails on where the native pass would read them (logprobs
-that are not a list, a token that is not an ``int``, a numpy integer or a
-buffer of them, an action without ``sequence_id``) go to it as well:
-the core finds them as it reads, with no Python step per token; so does an
-advantage given to ``trajectory_to_data`` that is not a ``float``. The
-cookbook reads the batch again, so user code in it (a property) runs again;
-one-shot iterators (groups, advantages) are not read twice: ours raises its
-own exception then.
+Inputs the cookbook reads otherwise than the native pass would (logprobs
+that are not a list, or hold what is neither a ``float`` nor an exact
+``int`` within i64: a bool, a numpy integer, a ``Decimal``; a token that is
+not an ``int``, a numpy integer or a buffer of them, an action without
+``sequence_id``) go to it as well: the core finds them as it reads, with no
+Python step per token; so does an advantage given to ``trajectory_to_data``
+that is not a ``float``. The cookbook reads the batch again, so user code in
+it (a property) runs again; one-shot iterators are not read twice: where
+the groups or advantages are one, or the native pass has read one inside
+the batch (a generator of transitions, of chunks), ours raises its own
+exception then, with a note saying why. Called directly, the fallback is
+the cookbook's own code, never a wrapper the cookbook's module holds around
+ours (:func:`_module_function`).
 
 Without tinker_cookbook, ours raises its own exceptions: the cookbook's
 ``DataValidationError`` cases and missing logprobs raise
@@ -292,6 +297,8 @@ def _native_assemble_training_data(
             where = f"group {i_group}: "
             values = _plain_values(advantages_G)
             trajectories_G = traj_group.trajectories_G
+            if isinstance(trajectories_G, Iterator):
+                _python_reads.one_shot = getattr(_python_reads, "one_shot", 0) + 1
             if _exact_pairs(trajectories_G, values):
                 # What the loop below would make, without a Python step per
                 # trajectory: float() of a float is itself and runs no code.
@@ -359,6 +366,16 @@ def _native_trajectory_to_data(
 
 _MODULE = "tinker_cookbook.rl.data_processing"
 
+# One-shot iterators this thread's Python part of a pass read (a group's
+# ``trajectories_G``); the core counts those it reads itself.
+_python_reads = threading.local()
+
+
+def _one_shot_reads() -> int:
+    from .. import _core
+
+    return _core.one_shot_reads() + getattr(_python_reads, "one_shot", 0)
+
 # Set while this thread runs the cookbook's own function in place of ours:
 # the cookbook's assemble_training_data calls trajectory_to_data through its
 # module, which holds ours once installed, and ours then calls the
@@ -382,19 +399,49 @@ def _cookbook_present() -> bool:
         return False
 
 
+# Set on the functions install() puts into the cookbook's modules: each
+# falls back to the function it replaced.
+_INSTALLED = "_tinker_rl_data_installed"
+
+
 def _module_function(name: str) -> Callable[[], Callable[..., Any] | None]:
-    """The cookbook's ``name`` as its module holds it when called, or None
-    where that module does not import: the fallback of our functions called
-    directly (where ours is installed, that one calls the cookbook's)."""
+    """The fallback of our functions called directly: the cookbook's own
+    ``name``, or None where its module does not import. Where ours is
+    installed, the module's (it falls back to what it replaced); where the
+    module holds the cookbook's function, that one; where it holds anything
+    else (a wrapper around ours, a ``partial``, a mock, ours called
+    directly), the cookbook's own code from a private copy of the module:
+    a wrapper around ours would only come back here."""
 
     def original() -> Callable[..., Any] | None:
         try:
             module = importlib.import_module(_MODULE)
         except Exception:  # not installed, or its torch or tinker does not import
             return None
-        return getattr(module, name, None)
+        held = getattr(module, name, None)
+        if getattr(held, _INSTALLED, False) or getattr(held, "__globals__", None) is vars(module):
+            return held
+        copy = _private_copy()
+        return getattr(copy, name, None) if copy is not None else None
 
     return original
+
+
+@functools.cache
+def _private_copy() -> Any:
+    """The cookbook's data-processing module run again into a module object
+    of its own (not in ``sys.modules``): its functions are the cookbook's
+    code, calling one another, whatever the real module now holds. None if
+    it cannot be loaded."""
+    try:
+        spec = importlib.util.find_spec(_MODULE)
+        if spec is None or spec.loader is None:
+            return None
+        copy = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(copy)
+    except Exception:
+        return None
+    return copy
 
 
 def _any_input(*args: Any, **kwargs: Any) -> bool:
@@ -454,10 +501,15 @@ def _front(
             original = original_of()
             if original is not None and original is not front:
                 return original(*args, **kwargs)
+        reads = _one_shot_reads()
         try:
             return native(*args, **fixed, **kwargs, exact=exact())
         except Exception as exc:  # the cookbook's function decides (below)
             refused = exc
+        if _one_shot_reads() != reads:
+            # The cookbook's function would find the iterators read: fewer
+            # Datums, silently. Ours says what it refused instead.
+            _read_once(refused)
         original = original_of() if replayable(*args, **kwargs) else None
         if original is None or original is front:
             if isinstance(refused, Unsupported):  # no cookbook to leave it to after all
@@ -470,6 +522,24 @@ def _front(
     front.__name__ = front.__qualname__ = name
     front.__signature__ = signature  # type: ignore[attr-defined]
     return front
+
+
+_ONE_SHOT_NOTE = (
+    "not left to tinker_cookbook's own function: the input holds a one-shot iterator "
+    "(a generator) that was read here, and would be found exhausted there; pass a list"
+)
+
+
+def _read_once(refused: Exception) -> None:
+    """Raises ``refused`` as ours, for an input whose one-shot iterators the
+    native pass has read: an input the cookbook reads otherwise
+    (``Unsupported``) as a ``TypeError`` saying where and what."""
+    if isinstance(refused, Unsupported):
+        error = TypeError(str(refused))
+        error.add_note(_ONE_SHOT_NOTE)
+        raise error from None
+    refused.add_note(_ONE_SHOT_NOTE)
+    raise refused
 
 
 def _public(native: Callable[..., Any]) -> inspect.Signature:
@@ -505,7 +575,9 @@ def fitted(
             signature = inspect.signature(original)
         if params != theirs:
             raise TypeError(f"the cookbook's {original.__name__} takes ({', '.join(theirs)}), ours ({', '.join(params)})")
-        return _front(name, native, lambda: original, lambda: True, replayable, fixed, signature)
+        front = _front(name, native, lambda: original, lambda: True, replayable, fixed, signature)
+        setattr(front, _INSTALLED, True)
+        return front
 
     return make
 

@@ -28,6 +28,19 @@ pub mod numbers;
 
 pub const MAX_TOKEN: i64 = i32::MAX as i64;
 
+thread_local! {
+    /// One-shot iterators (an object that is its own iterator: a generator,
+    /// `iter(list)`) this thread has read as sequences: whoever hands a
+    /// refused input on to another function compares the count before and
+    /// after, since that function would find them exhausted.
+    static ONE_SHOT_READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many one-shot iterators this thread has read as sequences so far.
+pub fn one_shot_reads() -> u64 {
+    ONE_SHOT_READS.with(std::cell::Cell::get)
+}
+
 /// `obj.name`; a missing attribute is a located `TypeError` naming it.
 pub fn attr<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>, at: Location) -> PyResult<Bound<'py, PyAny>> {
     obj.getattr(name).map_err(|e| {
@@ -121,6 +134,10 @@ impl<'py> Items<'py> {
         }
         if obj.is_instance_of::<PyString>() {
             return Err(not_a_sequence(obj, what, at));
+        }
+        // SAFETY: `obj` is held alive; the check reads its type's slots.
+        if unsafe { ffi::PyIter_Check(obj.as_ptr()) } != 0 {
+            ONE_SHOT_READS.with(|n| n.set(n.get() + 1));
         }
         match obj.try_iter() {
             Ok(iter) => Ok(list(PyList::new(py, iter.collect::<PyResult<Vec<_>>>()?)?)),
@@ -620,12 +637,17 @@ impl Items<'_> {
 
     /// Appends every item as [`any_real`] reads it (`field[k]` in
     /// messages) to `values`, and whether each was an `int` to `is_int`;
-    /// says whether any was.
+    /// says whether any was. `torch_alike`: an item that is neither a
+    /// `float` (a subclass included) nor an exact `int` within i64 is
+    /// [`Unsupported`](crate::py::errors::unsupported): torch infers its
+    /// own dtype from it (bool, a numpy integer) or refuses it (a
+    /// `Decimal`, a 0-d array), where `float()` would read a number.
     pub fn read_any_reals(
         &self,
         what: &str,
         field: &str,
         at: Location,
+        torch_alike: bool,
         values: &mut Vec<f64>,
         is_int: &mut Vec<bool>,
     ) -> PyResult<bool> {
@@ -658,7 +680,15 @@ impl Items<'_> {
                 // SAFETY: `read_each` passes a live item (or NULL).
                 |item| float_in_place(item),
                 |k| {
-                    let (v, int) = any_real(&self.get(k)?, what, Item { field, index: k }, at)?;
+                    let item = self.get(k)?;
+                    if torch_alike && !(item.is_instance_of::<PyFloat>() || exact_int(&item).is_some()) {
+                        let why = format!(
+                            "{at}: {field}[{k}] is a {}, which torch reads otherwise",
+                            type_name(&item)
+                        );
+                        return Err(crate::py::errors::unsupported(why));
+                    }
+                    let (v, int) = any_real(&item, what, Item { field, index: k }, at)?;
                     is_int[k] = int;
                     any_int |= int;
                     Ok(v)

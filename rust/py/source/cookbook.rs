@@ -45,7 +45,8 @@ pub struct Cookbook<'py> {
     provenance: bool,
     /// Leave to the cookbook's own function (`Unsupported`) what it reads
     /// otherwise than this door would accept it: a token that is no `int`,
-    /// logprobs that are no list, an action without `sequence_id`.
+    /// logprobs that are no list or hold what is neither a `float` nor an
+    /// `int` within i64, an action without `sequence_id`.
     exact: bool,
     /// The group being read: its trajectories and advantages, and the next
     /// `(group, trajectory)`.
@@ -193,6 +194,7 @@ impl<'py> Cookbook<'py> {
                 "logprob",
                 "ac.logprobs",
                 at,
+                self.exact,
                 &mut self.raw_logprobs,
                 &mut self.raw_is_int,
             )?;
