@@ -405,3 +405,85 @@ def test_tinkers_client_posts_our_bytes(sampling_client, monkeypatch):
             k: v for k, v in after.headers.items() if k not in HEADERS_THAT_VARY
         }
         assert after.content == before.content == tinkers_body(request)
+
+
+# A user's program against the local fake service (tests/support/fake_tinker.py),
+# in a process of its own: groups of identical single-sample calls made together
+# (as the cookbook's group rollouts make them), then what status() says and how
+# many asample requests the service received.
+GROUPS_SCRIPT = r"""
+import asyncio, json, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+from fake_tinker import FakeTinker, read_capture
+import tinker_rl_data
+from tinker_rl_data import cookbook
+cookbook.install(gc=False, coalesce=sys.argv[2] == "coalesce")
+import tinker
+from tinker import types
+
+GROUPS, GROUP_SIZE, DISTINCT = 3, 8, int(sys.argv[3])
+
+async def rollouts(client):
+    params = types.SamplingParams(max_tokens=8, temperature=1.0)
+    calls = [client.sample(types.ModelInput.from_ints([5, 6, g]), 1, params) for g in range(GROUPS) for _ in range(GROUP_SIZE)]
+    calls += [client.sample(types.ModelInput.from_ints([9, i]), 1, params) for i in range(DISTINCT)]
+    await asyncio.gather(*calls)
+
+capture = tempfile.mktemp()
+with FakeTinker(capture=capture) as service:
+    with tinker.ServiceClient(base_url=service.base_url, api_key="tml-fake-key") as service_client:
+        client = service_client.create_sampling_client(base_model="fake/model-8b").result()
+        asyncio.run(rollouts(client))
+        notes = tinker_rl_data.status().notes
+    service.proc.stdout.close()
+sent = sum(r["path"] == "/api/v1/asample" for r in read_capture(capture))
+print(json.dumps({"sent": sent, "notes": notes}))
+"""
+
+
+def run_groups(mode: str, distinct: int) -> dict:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    support = Path(__file__).resolve().parents[1] / "support"
+    proc = subprocess.run(
+        [sys.executable, "-c", GROUPS_SCRIPT, str(support), mode, str(distinct)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_status_says_what_coalescing_would_have_sent_for_groups_of_one_prompt():
+    # issue 54, item 5: the estimate is what a coalesced run of the same
+    # program sends, counted by the service.
+    plain, coalesced = run_groups("plain", 4), run_groups("coalesce", 4)
+    assert plain["sent"] == 3 * 8 + 4
+    assert coalesced["sent"] < plain["sent"]
+    hints = [n for n in plain["notes"] if n.startswith("sampling:")]
+    assert hints == [
+        f"sampling: {plain['sent']} requests of one sample, {plain['sent'] - coalesced['sent']} of them with the "
+        f"prompt and parameters of another sent together: coalesced sampling would have sent about "
+        f"{coalesced['sent']} (install(coalesce=True), or the launcher's --coalesce)"
+    ]
+
+
+def test_status_says_nothing_of_coalescing_where_no_prompt_repeats():
+    from tinker_rl_data.tinker.sample import Mergeable
+
+    # Distinct prompts only: nothing to gain, no line.
+    counter = Mergeable()
+    parts = sampling._parts()
+    params = types.SamplingParams(max_tokens=8, temperature=1.0)
+    for i in range(5):
+        prompt = types.ModelInput.from_ints([9, i])
+        counter.note(types.SampleRequest(sampling_session_id="s", seq_id=i, num_samples=1, prompt=prompt, sampling_params=params), parts)
+    assert counter.counts() == {"single_sample_requests": 5, "coalescing_would_send": 5}
+    # Requests coalescing leaves alone (a seed, several samples) are not counted.
+    prompt = types.ModelInput.from_ints([9, 0])
+    for request in (
+        types.SampleRequest(sampling_session_id="s", seq_id=9, num_samples=2, prompt=prompt, sampling_params=params),
+        types.SampleRequest(sampling_session_id="s", seq_id=9, num_samples=1, prompt=prompt, sampling_params=types.SamplingParams(max_tokens=8, seed=3)),
+    ):
+        counter.note(request, parts)
+    assert counter.counts() == {"single_sample_requests": 5, "coalescing_would_send": 5}

@@ -24,8 +24,10 @@ against the installed tinker before it is used.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
+import threading
 from types import SimpleNamespace
 from typing import Any, Callable, List, Optional, Sequence, Union
 
@@ -64,16 +66,95 @@ def make_model_dump(original: Callable[..., Any]) -> Callable[..., Any]:
     parts = _parts()
     request_class = parts.sample_request if parts is not None else None
     encode = _core.encode_sample_request
+    note = MERGEABLE.note
 
     @functools.wraps(original)
     def model_dump(model: Any, *args: Any, **kwargs: Any) -> Any:
         if type(model) is request_class and not args and kwargs == ASAMPLE_ARGS:
+            note(model, parts)
             body = encode(model, parts)
             if body is not None:
                 return body
         return original(model, *args, **kwargs)
 
     return model_dump
+
+
+class Mergeable:
+    """Counts the ``asample`` requests of one sample each (no seed, no
+    prompt logprobs, top-k, target logprobs or alternative tokens: what
+    coalesced sampling merges) and, of those, the ones coalescing would have
+    joined to an earlier request: the same sampling session, prompt and
+    sampling parameters (the core's key, as coalescing's) as one of the
+    last :data:`WINDOW` such requests, up to 64 requests in one. An
+    estimate of what ``install(coalesce=True)`` saves, which merges calls
+    made together (a group's first turn): the window stands for
+    "together"."""
+
+    WINDOW = 4096
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests = 0  # requests of one sample
+        self.joined = 0  # of those, the ones coalescing would have joined to another
+        self.recent: collections.OrderedDict[tuple[Any, bytes], int] = collections.OrderedDict()
+
+    def note(self, request: Any, parts: SimpleNamespace) -> None:
+        if (
+            getattr(_probing, "on", False)  # the probe's own requests
+            or request.num_samples != 1
+            or request.prompt_logprobs
+            or request.topk_prompt_logprobs
+            or request.topk_sample_logprobs
+            or request.target_prompt_logprobs is not None
+            or request.prompt_alt_tokens_k
+            or request.prompt_logprobs_last_n is not None
+            or getattr(request.sampling_params, "seed", None) is not None
+        ):
+            return
+        key = _core.sample_prompt_key(request.prompt, request.sampling_params, parts)
+        if key is None:
+            return
+        key = (request.sampling_session_id, key)
+        with self.lock:
+            self.requests += 1
+            merged = self.recent.pop(key, 0)
+            if 0 < merged < 64:
+                self.joined += 1
+                self.recent[key] = merged + 1
+                return
+            self.recent[key] = 1
+            if len(self.recent) > self.WINDOW:
+                self.recent.popitem(last=False)
+
+    def counts(self) -> dict[str, int]:
+        with self.lock:
+            return {"single_sample_requests": self.requests, "coalescing_would_send": self.requests - self.joined}
+
+    def reset(self) -> None:
+        with self.lock:
+            self.requests = self.joined = 0
+            self.recent.clear()
+
+
+#: What this process's ``asample`` bodies say coalescing would save.
+MERGEABLE = Mergeable()
+_probing = threading.local()
+
+
+def coalescing_hint() -> list[str]:
+    """The wire feature's report line: where requests of one sample had the
+    same prompt and parameters (a group's first turn) and coalesced
+    sampling would have sent fewer, how many."""
+    counts = MERGEABLE.counts()
+    sent, would = counts["single_sample_requests"], counts["coalescing_would_send"]
+    if would >= sent:
+        return []
+    return [
+        f"sampling: {sent} requests of one sample, {sent - would} of them with the prompt and parameters of "
+        f"another sent together: coalesced sampling would have sent about {would} "
+        "(install(coalesce=True), or the launcher's --coalesce)"
+    ]
 
 
 def probe_sample_body(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
@@ -84,6 +165,14 @@ def probe_sample_body(original: Callable[..., Any], ours: Callable[..., Any]) ->
     mismatch = schema_mismatch()
     if mismatch is not None:
         raise ProbeFailed(mismatch)
+    _probing.on = True
+    try:
+        _probe_bodies(original, ours)
+    finally:
+        _probing.on = False
+
+
+def _probe_bodies(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
     import httpx._content
 
     for name, request in _probe_requests():
