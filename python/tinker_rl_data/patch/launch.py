@@ -7,6 +7,11 @@ probes alone. Two spellings, one function::
     tinker-rl-data run -m tinker_cookbook.recipes.math_rl.train key=value ...
     python -m tinker_rl_data run train.py --flag ...
     tinker-rl-data check
+
+What the program prints is what python prints: its output, its uncaught
+exception's traceback from the program's first frame (:func:`_as_python`),
+its exit status (a KeyboardInterrupt's SIGINT death included), python's
+own message for a script that cannot be opened or a module not found.
 """
 
 from __future__ import annotations
@@ -18,16 +23,13 @@ import importlib.abc
 import importlib.machinery
 import io
 import os
-import runpy
 import sys
 import threading
 import types
-import zipfile
 from typing import Any, Callable, Sequence
 
 from .feature import Feature, selected
-from .report import DISTRIBUTIONS, OUT
-from .transaction import probe
+from .report import DISTRIBUTIONS
 
 _USAGE = """usage: tinker-rl-data run {flags} (-m MODULE | SCRIPT) [ARGS ...]
        tinker-rl-data check {flags}
@@ -69,6 +71,9 @@ def _options(args: list[str], catalog: Sequence[Feature]) -> dict[str, bool]:
 def check(catalog: Sequence[Feature], options: dict[str, Any]) -> int:
     """``tinker-rl-data check``: 0 when every piece of the selected features
     goes in (or is not for this version, or skipped), 1 otherwise."""
+    from .report import OUT
+    from .transaction import probe
+
     report = probe(catalog, selected(catalog, options))
     print(report)
     print()
@@ -94,12 +99,10 @@ def main(argv: list[str] | None, catalog: Sequence[Feature], install: Callable[.
         return 2
     chosen = selected(catalog, options)
     packages = {piece.requires for f in catalog if f.name in chosen for piece in f.pieces} & set(DISTRIBUTIONS)
-    _Watch(sorted(packages), lambda: print(install(**options), file=sys.stderr)).start()
+    watch = _Watch(sorted(packages), lambda: print(install(**options), file=sys.stderr))
     if args[0] == "-m":
-        _run_module(args[1], args[2:])
-    else:
-        _run_script(args[0], args[1:])
-    return 0
+        return _as_python(_run_module, args[1], args[2:], watch)
+    return _as_python(_run_script, args[0], args[1:], watch)
 
 
 # --------------------------------------------------------------------------
@@ -124,8 +127,11 @@ class _Watch(importlib.abc.MetaPathFinder):
         self.done = False
         self.lock = threading.Lock()
         self.depth = threading.local()
+        self.program: types.ModuleType | None = None
 
-    def start(self) -> None:
+    def start(self, program: types.ModuleType) -> None:
+        """Before ``program`` (its ``__main__``) runs."""
+        self.program = program
         if not self.packages or any(p in sys.modules for p in self.packages):
             self._fire()
             return
@@ -167,7 +173,8 @@ class _Watch(importlib.abc.MetaPathFinder):
         self.install()
 
     def _never(self) -> None:
-        if not self.done:
+        # Not for a program that never began (python's own error said why).
+        if not self.done and getattr(self.program, "__loader__", None) is not None:
             print(
                 "tinker_rl_data: nothing installed: the program never imported "
                 + " or ".join(self.packages)
@@ -202,6 +209,54 @@ class _Loader(importlib.abc.Loader):
 # The program, as python runs it
 
 
+def _as_python(run: Callable[..., int], *args: Any) -> int:
+    """``run(*args)``; an exception (not SystemExit) leaves it as it left the
+    program, to the interpreter's own exit path (its atexit order, its exit
+    status, a KeyboardInterrupt's death by SIGINT), and is printed by the
+    ``sys.excepthook`` the program had then, handed the traceback from the
+    program's first frame: the launcher's are python's own (none for a
+    script; runpy's two, ``<frozen runpy>``, for ``-m``, a directory or a
+    zip file)."""
+    try:
+        return run(*args)
+    except SystemExit:
+        raise
+    except BaseException:
+        program_hook = sys.excepthook
+
+        def excepthook(kind: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:
+            sys.excepthook = program_hook  # (once)
+            tb = _from_program(tb)
+            value.__traceback__ = tb
+            if getattr(sys, "last_traceback", None) is not None:
+                sys.last_traceback = tb
+            program_hook(kind, value, tb)
+
+        sys.excepthook = excepthook
+        raise
+
+
+def _from_program(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` past the launcher's frames: from the one after the runner's
+    (:func:`_run_script`, :func:`_run_module`); None when the error was the
+    runner's own (a script's SyntaxError: python prints no frame)."""
+    entry = tb
+    while entry is not None:
+        if entry.tb_frame.f_code in _RUNNERS:
+            return entry.tb_next
+        entry = entry.tb_next
+    return tb
+
+
+def _program_name() -> str:
+    """The launcher's name as python gives its own in its errors (as it was
+    invoked): ``tinker-rl-data``, or ``python -m tinker_rl_data``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None:
+        return f"{sys.orig_argv[0]} -m {spec.name.removesuffix('.__main__')}"
+    return os.path.basename(sys.argv[0])
+
+
 def _fresh_main() -> types.ModuleType:
     """A new ``__main__`` in ``sys.modules``, holding what python's holds
     before a program runs; it stays there after the program's code, for
@@ -213,40 +268,70 @@ def _fresh_main() -> types.ModuleType:
     return main
 
 
-def _run_module(module: str, rest: list[str]) -> None:
+def _run_module(module: str, rest: list[str], watch: _Watch) -> int:
     """As ``python -m module rest...``: runpy's own entry for ``-m``
-    (``sys.argv[0]`` the module's file, ``__spec__`` its spec), in the
-    fresh ``__main__``."""
-    sys.argv = [module, *rest]
+    (``sys.argv[0]`` "-m" while the module is found, then its file;
+    ``__spec__`` its spec), in the fresh ``__main__``; runpy prints python's
+    message for a module not found."""
+    import runpy
+
+    sys.argv = ["-m", *rest]
     _first_path(os.getcwd())
-    _fresh_main()
+    watch.start(_fresh_main())
     runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
+    return 0
 
 
-def _run_script(script: str, rest: list[str]) -> None:
+def _run_script(script: str, rest: list[str], watch: _Watch) -> int:
     """As ``python script rest...``: a file run in the fresh ``__main__``
     (``__file__`` the path python gives it, and takes back once the code has
     run; ``__spec__`` None); a directory or zip file with a ``__main__.py``
-    run as python runs one."""
-    sys.argv = [script, *rest]
-    if os.path.isdir(script) or zipfile.is_zipfile(script):
-        _first_path(script if os.path.isabs(script) else os.path.join(os.getcwd(), script), always=True)
-        _fresh_main()
-        runpy._run_module_as_main("__main__", alter_argv=False)  # type: ignore[attr-defined]
-        return
-    _first_path(os.path.dirname(os.path.realpath(script)))
+    run as python runs one; python's message and status 2 for a file that
+    cannot be opened."""
     path = script if os.path.isabs(script) else os.path.join(os.getcwd(), script)
-    with io.open_code(path) as f:
-        code = compile(f.read(), path, "exec")
+    if _importer(path):
+        import runpy
+
+        sys.argv = [script, *rest]
+        _first_path(path, always=True)
+        watch.start(_fresh_main())
+        runpy._run_module_as_main("__main__", alter_argv=False)  # type: ignore[attr-defined]
+        return 0
+    try:
+        with io.open_code(path) as f:
+            source = f.read()
+    except OSError as exc:
+        print(f"{_program_name()}: can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}", file=sys.stderr)
+        return 2
+    sys.argv = [script, *rest]
+    _first_path(os.path.dirname(os.path.realpath(script)))
+    code = compile(source, path, "exec")
     main = _fresh_main()
     main.__file__ = path
     main.__cached__ = None  # type: ignore[attr-defined]
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    watch.start(main)
     try:
         exec(code, vars(main))
     finally:  # as python does once a script's code has run (before its atexit handlers)
         vars(main).pop("__file__", None)
         vars(main).pop("__cached__", None)
+    return 0
+
+
+_RUNNERS = frozenset({_run_module.__code__, _run_script.__code__})
+
+
+def _importer(path: str) -> bool:
+    """Whether python runs ``path`` as a directory or zip file (one of
+    ``sys.path_hooks`` takes it), not as a script."""
+    for hook in sys.path_hooks:
+        try:
+            hook(path)
+        except ImportError:
+            continue
+        return True
+    return False
 
 
 def _first_path(entry: str, always: bool = False) -> None:
