@@ -267,3 +267,177 @@ def test_a_script_or_module_not_found_is_told_as_python_tells_it(tmp_path, how):
         interpreter + python.stderr.removeprefix(sys.executable),
         1,
     )
+
+
+# --------------------------------------------------------------------------
+# Whatever the program's first import, it runs to its end and prints what
+# python prints; the install runs once (issue 53, defect 1)
+
+ENDING = """
+def fail():
+    raise RuntimeError("the program's own error, after its imports")
+
+
+if __name__ == "__main__":
+    fail()
+"""
+
+FIRST_IMPORTS = {
+    "import tinker": """
+        import tinker
+        print("imported", tinker.__version__)
+        """,
+    "from tinker import types": """
+        from tinker import types
+        print("imported", types.__name__)
+        """,
+    "tinker_cookbook first": """
+        import tinker_cookbook
+        print("imported", tinker_cookbook.__name__)
+        """,
+    "a submodule first": """
+        import tinker_cookbook.rl.train
+        print("imported", tinker_cookbook.rl.train.__name__)
+        """,
+    # Each thread, once its import returned, sees the pieces in under the
+    # launcher (nothing installed under python).
+    "in two threads at once": """
+        import sys
+        import threading
+
+        launched = "tinker_rl_data.patch.launch" in sys.modules
+        both = threading.Barrier(2)
+        seen = {}
+
+        def first_import(how):
+            both.wait()
+            if how == "import":
+                import tinker
+            else:
+                from tinker import types
+            from tinker_rl_data.patch import transaction
+            seen[how] = transaction.installed() == launched
+
+        threads = [threading.Thread(target=first_import, args=(how,)) for how in ("import", "from")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        print("imported in each thread, the install seen as each import returned:", sorted(seen.items()))
+        """,
+    "inside asyncio.run": """
+        import asyncio
+
+        async def main():
+            import tinker
+            from tinker import types
+            print("imported in the loop", types.__name__)
+
+        if __name__ == "__main__":
+            asyncio.run(main())
+        """,
+    # The child is python's (multiprocessing runs sys.executable): it
+    # imports tinker and installs nothing; the parent's install is the one.
+    "in a spawn child": """
+        import multiprocessing
+
+        def child():
+            import tinker
+            print("child imported", tinker.__name__, flush=True)
+
+        if __name__ == "__main__":
+            import tinker
+            print("parent imported", tinker.__name__, flush=True)
+            process = multiprocessing.get_context("spawn").Process(target=child)
+            process.start()
+            process.join()
+            print("child exit", process.exitcode)
+        """,
+}
+COOKBOOK_FIRST = {"tinker_cookbook first", "a submodule first"}
+
+
+# Each first import run one way (as a script or with -m, by one spelling of
+# the launcher); between them, each way is run.
+@pytest.mark.parametrize(
+    "first, spelling, how",
+    [
+        ("import tinker", "script", "tinker-rl-data"),
+        ("from tinker import types", "-m", "python -m tinker_rl_data"),
+        ("tinker_cookbook first", "script", "python -m tinker_rl_data"),
+        ("a submodule first", "-m", "tinker-rl-data"),
+        ("in two threads at once", "script", "tinker-rl-data"),
+        ("inside asyncio.run", "-m", "python -m tinker_rl_data"),
+        ("in a spawn child", "-m", "tinker-rl-data"),
+    ],
+)
+def test_whatever_its_first_import_the_program_finishes_installs_once_and_prints_what_python_prints(
+    tmp_path, first, spelling, how
+):
+    if first in COOKBOOK_FIRST:
+        try:
+            import tinker_cookbook  # noqa: F401
+        except ImportError as exc:
+            cookbook_unavailable(exc)
+    script = program(tmp_path, textwrap.dedent(FIRST_IMPORTS[first]) + ENDING)
+    python, launched = under_both(tmp_path, target(script, spelling), how)
+    assert "imported" in python.stdout and "RuntimeError: the program's own error" in python.stderr, python.stderr
+    same_as_python(python, launched, reports=1)
+
+
+def test_a_load_the_hooks_do_not_see_installs_at_the_next_import(tmp_path):
+    # tinker loaded with no import call around it: the next import statement
+    # returns with the pieces in.
+    script = program(
+        tmp_path,
+        """
+        import importlib._bootstrap
+        import sys
+
+        launched = "tinker_rl_data.patch.launch" in sys.modules
+        importlib._bootstrap._gcd_import("tinker")
+        from tinker_rl_data.patch import transaction
+        print("installed as launched:", transaction.installed() == launched)
+        """,
+    )
+    python, launched = under_both(tmp_path, [str(script)], "python -m tinker_rl_data")
+    assert python.stdout == "installed as launched: True\n"
+    same_as_python(python, launched, reports=1)
+
+
+def test_the_import_hooks_are_invisible_to_the_program(tmp_path):
+    # Until the program imports tinker the launcher's hooks are on: the same
+    # signatures, results, tracebacks (no frame of the hooks), and a module's
+    # import-time warning names the line that imported it, as under python
+    # (a DeprecationWarning there shows: it is __main__'s).
+    (tmp_path / "deprecated_module.py").write_text(
+        'import warnings\nwarnings.warn("deprecated_module is deprecated", DeprecationWarning, stacklevel=2)\n'
+    )
+    (tmp_path / "broken_module.py").write_text('def broken():\n    raise ValueError("broken at import")\n\nbroken()\n')
+    script = program(
+        tmp_path,
+        """
+        import builtins
+        import importlib
+        import inspect
+        import traceback
+
+        print(inspect.signature(builtins.__import__), inspect.signature(importlib.import_module))
+        print(builtins.__import__.__name__, builtins.__import__.__module__, importlib.import_module.__qualname__)
+        import deprecated_module
+        for statement in (
+            "import no_such_module",
+            "import broken_module",
+            "importlib.import_module('no_such_module')",
+            "from json import no_such_name",
+        ):
+            try:
+                exec(statement)
+            except Exception:
+                traceback.print_exc()
+        print(importlib.import_module("json").__name__, __import__("os.path", fromlist=["sep"]).__name__)
+        """,
+    )
+    python, launched = under_both(tmp_path, [str(script)], "python -m tinker_rl_data")
+    assert "deprecated_module.py" not in python.stderr and "DeprecationWarning" in python.stderr
+    same_as_python(python, launched, reports=0)
