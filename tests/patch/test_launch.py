@@ -441,3 +441,17 @@ def test_the_import_hooks_are_invisible_to_the_program(tmp_path):
     python, launched = under_both(tmp_path, [str(script)], "python -m tinker_rl_data")
     assert "deprecated_module.py" not in python.stderr and "DeprecationWarning" in python.stderr
     same_as_python(python, launched, reports=0)
+
+
+def test_under_python_dev_mode_the_probes_print_nothing(tmp_path):
+    # python -X dev: asyncio's debug mode (a loop's slow steps logged) and
+    # every warning shown; the probes' own loops and requests show nothing.
+    script = program(tmp_path, "import tinker\nprint('imported', tinker.__version__)\n")
+    python, launched = [
+        finished(p)
+        for p in [
+            started(tmp_path, sys.executable, "-X", "dev", str(script)),
+            started(tmp_path, sys.executable, "-X", "dev", "-m", "tinker_rl_data", "run", str(script)),
+        ]
+    ]
+    same_as_python(python, launched, reports=1)
