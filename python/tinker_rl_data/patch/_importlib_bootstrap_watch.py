@@ -7,9 +7,10 @@ This file's name holds "importlib" and "_bootstrap" on purpose: ``warnings``
 skips such frames as it skips importlib's own, so that a module's
 ``warnings.warn(..., stacklevel=2)`` at import still names the line that
 imported it (and a DeprecationWarning there still shows in ``__main__``), as
-under python. An exception leaves without this file's frame in its
-traceback. What remains visible: the hooks' frames to ``inspect.stack()``
-while an import runs."""
+under python. The import's exception leaves without this file's frame in
+its traceback (the install's own, a strict InstallError, keeps it). What
+remains visible: the hooks' frames to ``inspect.stack()`` while an import
+runs."""
 
 from __future__ import annotations
 
