@@ -893,12 +893,12 @@ def _run_apart(probe: Any) -> None:
     """Runs a probe's coroutine on its own event loop, in a thread of its
     own (whatever loop the caller runs); tinker's request building warns
     (pydantic's `construct` deprecation) at each request: not the probe's to
-    show."""
+    show, nor (under ``python -X dev``) its loop's slow-callback lines."""
     from concurrent.futures import ThreadPoolExecutor
 
     with warnings.catch_warnings(), ThreadPoolExecutor(1) as pool:
         warnings.simplefilter("ignore", DeprecationWarning)
-        pool.submit(asyncio.run, probe).result()
+        pool.submit(asyncio.run, probe, debug=False).result()
 
 
 def _recording_client(platform: Any) -> Any:
