@@ -21,6 +21,9 @@ __all__ = [
     "assemble_cookbook",
     "encode_forward_backward",
     "_panic_probe",
+    "gc_program_enabled",
+    "gc_program_set_enabled",
+    "_gc_after_fork_in_child",
     "Unsupported",
     "ValidationError",
     "kl_sample_train",
@@ -114,6 +117,11 @@ def assemble_cookbook(
 ) -> tuple[list[Any], list[dict[str, int]]]: ...
 def encode_forward_backward(request: Any, forward_only: Any, parts: Any) -> bytes: ...
 def _panic_probe() -> None: ...
+
+# The native calls' GC pause, counted process-wide (rust/py/gc.rs).
+def gc_program_enabled() -> bool: ...
+def gc_program_set_enabled(enabled: bool) -> None: ...
+def _gc_after_fork_in_child() -> None: ...
 
 # tinker-cookbook's RL step around the data (rust/py/step/, python/tinker_rl_data/cookbook/step.py).
 
