@@ -15,6 +15,7 @@ on its own, and CI runs it again under the debug allocator and dev mode:
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -24,7 +25,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -958,6 +961,118 @@ def test_arrays_resized_while_a_request_is_read_or_written_are_no_crash(who):
     else:
         assert out == ["ok", True], out
 
+
+
+# ---------------------------------------------------------------- the GC pause under overlapping calls
+
+# Each native call holds the cyclic GC off. Two threads' calls overlap when a
+# property one of them reads releases the GIL (I/O, a lock): here it waits on
+# an Event, so the order is fixed: the first call starts, the second starts
+# inside it, the first ends, the second ends last. Plain Python has no pause:
+# the collector is as the program set it, on or off, after both. Each case
+# runs in a forked child (a collector left off stays there).
+
+OVERLAP_WAIT = 30.0  # never reached: each wait ends as soon as the other side acts
+
+
+def wait_for(event: threading.Event) -> None:
+    assert event.wait(OVERLAP_WAIT), "the other thread never came"  # the GIL released meanwhile
+
+
+class ReadingTurn:
+    """An evsys turn whose prompt_tokens property runs ``read`` first."""
+
+    completion_tokens, logprobs = [5, 6], [-0.5, -0.5]
+
+    def __init__(self, read: Any = lambda: None) -> None:
+        self.read = read
+
+    @property
+    def prompt_tokens(self) -> list[int]:
+        self.read()
+        return [1, 2, 3]
+
+
+def native_call(turn: ReadingTurn) -> None:
+    datums, _ = trd.assemble_training_data([TrajectoryGroup([Trajectory([turn], 1.0)])], [[0.5]])
+    assert len(datums) == 1
+
+
+def in_threads(*targets: Any) -> None:
+    errors: list[BaseException] = []
+
+    def run(target: Any) -> None:
+        try:
+            target()
+        except BaseException as e:  # noqa: BLE001 -- reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(2 * OVERLAP_WAIT)
+    assert not errors and not any(t.is_alive() for t in threads), errors
+
+
+def overlapping_calls() -> None:
+    first_in, second_in, first_done = threading.Event(), threading.Event(), threading.Event()
+
+    def first() -> None:  # starts first, ends first
+        native_call(ReadingTurn(lambda: (first_in.set(), wait_for(second_in))))
+        first_done.set()
+
+    def second() -> None:  # starts inside the first, ends last
+        wait_for(first_in)
+        native_call(ReadingTurn(lambda: (second_in.set(), wait_for(first_done))))
+
+    in_threads(first, second)
+
+
+def forked_while_a_call_is_in_flight() -> bool:
+    entered, released = threading.Event(), threading.Event()
+    child_saw: list[bool] = []
+
+    def fork() -> None:
+        wait_for(entered)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # forking with threads
+                child_saw.append(run_forked(gc.isenabled))  # the calling thread is not in the child
+        finally:
+            released.set()
+
+    in_threads(lambda: native_call(ReadingTurn(lambda: (entered.set(), wait_for(released)))), fork)
+    return child_saw[0]
+
+
+OVERLAPS = {
+    "overlap": overlapping_calls,
+    "enable inside": lambda: native_call(ReadingTurn(gc.enable)),  # the program's gc.enable() in a call
+    "nested": lambda: native_call(ReadingTurn(lambda: native_call(ReadingTurn()))),  # a property's call
+    "fork": forked_while_a_call_is_in_flight,
+}
+
+# The collector's flag after each, as plain Python leaves it, by the flag before.
+AS_PYTHON_LEAVES_IT = {
+    "overlap": {True: True, False: False},
+    "enable inside": {True: True, False: True},
+    "nested": {True: True, False: False},
+    "fork": {True: (True, True), False: (False, False)},  # (the child's, the parent's)
+}
+
+
+@pytest.mark.parametrize("what", sorted(OVERLAPS))
+def test_overlapping_native_calls_leave_the_collector_as_the_program_set_it(what):
+    def case() -> dict[bool, Any]:
+        out = {}
+        for enabled in (True, False):
+            gc.enable() if enabled else gc.disable()
+            seen = OVERLAPS[what]()
+            out[enabled] = (seen, gc.isenabled()) if what == "fork" else gc.isenabled()
+        return out
+
+    assert run_forked(case) == AS_PYTHON_LEAVES_IT[what]
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider", *sys.argv[1:]]))

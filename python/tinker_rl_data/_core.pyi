@@ -22,6 +22,9 @@ __all__ = [
     "encode_forward_backward",
     "_panic_probe",
     "one_shot_reads",
+    "gc_program_enabled",
+    "gc_program_set_enabled",
+    "_gc_after_fork_in_child",
     "Unsupported",
     "ValidationError",
     "kl_sample_train",
@@ -117,6 +120,11 @@ def encode_forward_backward(request: Any, forward_only: Any, parts: Any) -> byte
 def _panic_probe() -> None: ...
 def one_shot_reads() -> int:
     """How many one-shot iterators this thread's native passes have read as sequences."""
+
+# The native calls' GC pause, counted process-wide (rust/py/gc.rs).
+def gc_program_enabled() -> bool: ...
+def gc_program_set_enabled(enabled: bool) -> None: ...
+def _gc_after_fork_in_child() -> None: ...
 
 # tinker-cookbook's RL step around the data (rust/py/step/, python/tinker_rl_data/cookbook/step.py).
 

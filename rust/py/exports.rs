@@ -49,6 +49,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_datum_without_mask, m)?)?;
     m.add_function(wrap_pyfunction!(py_panic_probe, m)?)?;
     m.add_function(wrap_pyfunction!(py_one_shot_reads, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::py::gc::program_enabled, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::py::gc::program_set_enabled, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::py::gc::after_fork_in_child, m)?)?;
+    crate::py::gc::register(m)?;
     m.add_function(wrap_pyfunction!(crate::py::sample::py_encode_sample_request, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::sample::py_sample_prompt_key, m)?)?;
     m.add_function(wrap_pyfunction!(crate::py::kl::py_kl_penalty, m)?)?;

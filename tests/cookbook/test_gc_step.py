@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 import types
 import warnings
 import weakref
@@ -52,11 +53,20 @@ def frozen_by_program() -> int:
     return gc.get_freeze_count() - IMMORTAL_FROZEN
 
 
+# The gc module's functions as CPython has them.
+GC_FUNCTIONS = {name: getattr(gc, name) for name in _gc_step.FRONT}
+
+
+def gc_functions_are_cpython_s() -> bool:
+    return all(getattr(gc, name) is function for name, function in GC_FUNCTIONS.items())
+
+
 @pytest.fixture(autouse=True)
 def collector_state():
-    before = (gc.isenabled(), gc.get_threshold(), frozen_by_program(), list(gc.callbacks))
+    before = (gc.isenabled(), gc.get_threshold(), frozen_by_program(), list(gc.callbacks), True)
     yield
-    after = (gc.isenabled(), gc.get_threshold(), frozen_by_program(), list(gc.callbacks))
+    after = (gc.isenabled(), gc.get_threshold(), frozen_by_program(), list(gc.callbacks), gc_functions_are_cpython_s())
+    vars(gc).update(GC_FUNCTIONS)
     gc.enable()
     gc.unfreeze()
     assert after == before, "the collector's state was not put back"
@@ -69,7 +79,14 @@ def fake_train_module(collector: StepCollector, steps: int, fail_at: int | None 
     module = types.SimpleNamespace()
 
     async def step(i):
-        seen.append({"threshold": gc.get_threshold(), "enabled": gc.isenabled(), "frozen": gc.get_freeze_count()})
+        seen.append(
+            {
+                "threshold": gc.get_threshold(),  # as the program sees them
+                "in_force": _gc_step.collector_thresholds(),  # as CPython collects by them
+                "enabled": gc.isenabled(),
+                "frozen": gc.get_freeze_count(),
+            }
+        )
         seen[-1]["garbage"] = cycle()
         if i == fail_at:
             raise RuntimeError("step failed")
@@ -125,7 +142,8 @@ def test_policy_while_the_loop_runs(loop_name):
     assert len(seen) == 5
     for i, s in enumerate(seen):
         # the young generations as the program has them (but `young`), the oldest held
-        assert s["threshold"] == (12_345, 9, _gc_step._NEVER)
+        assert s["in_force"] == (12_345, 9, _gc_step._NEVER)
+        assert s["threshold"] == (700, 9, 10)  # what the program sees: its own
         # the first step runs unfrozen; the freeze is renewed at steps 1 and 4's ends
         assert s["enabled"] and (s["frozen"] > IMMORTAL_FROZEN) == (i > 0)
         assert s["after_step"]
@@ -165,7 +183,7 @@ def test_a_loop_whose_start_raises_leaves_the_collector_as_it_was(monkeypatch):
         # what install(gc_headroom=0.2) calls; then a loop runs with the policy
         _gc_step.configure(headroom=0.2)
         asyncio.run(module.do_sync_training())
-        assert [s["threshold"] for s in seen] == [(700, 10, _gc_step._NEVER)] * 2
+        assert [s["in_force"] for s in seen] == [(700, 10, _gc_step._NEVER)] * 2
         assert all(s["after_step"] for s in seen) and collector.stats.steps == 2 and collector.headroom == 0.2
     finally:
         undo()
@@ -194,7 +212,8 @@ def test_a_start_that_raises_anywhere_puts_everything_back(monkeypatch, where):
         assert collector._on_collection not in gc.callbacks
         monkeypatch.undo()
         collector.loop_started()
-        assert collector.active and gc.get_threshold() == (700, 10, _gc_step._NEVER)
+        assert collector.active and _gc_step.collector_thresholds() == (700, 10, _gc_step._NEVER)
+        assert gc.get_threshold() == (700, 10, 10)
         collector.loop_ended()
     finally:
         gc.set_threshold(*_default_thresholds)
@@ -283,7 +302,8 @@ def test_the_program_s_thresholds_stay_in_force():
     try:
         seen, collector, lines = program_calls_in_step(lambda: gc.set_threshold(5_000, 20, 30))
         # set in step 1: steps 1 and 2 ran with the program's, to the loop's end and after
-        assert [s["threshold"] for s in seen] == [(700, 10, _gc_step._NEVER), (5_000, 20, 30), (5_000, 20, 30)]
+        assert [s["in_force"] for s in seen] == [(700, 10, _gc_step._NEVER), (5_000, 20, 30), (5_000, 20, 30)]
+        assert [s["threshold"] for s in seen] == [(700, 10, 10), (5_000, 20, 30), (5_000, 20, 30)]
         assert gc.get_threshold() == (5_000, 20, 30)
         assert collector.stats.steps == 1 and "gc.set_threshold()" in collector.stats.stepped_aside
         assert len(lines) == 1 and "steps aside" in lines[0], lines
@@ -304,8 +324,8 @@ def test_the_program_s_disable_stays_in_force():
 
 
 def test_the_program_s_freeze_stays_in_force():
-    # step 0 ends with the collector's freeze; the program freezes in step 3,
-    # seen at step 4's renewal: nothing of the program's is unfrozen
+    # step 0 ends with the collector's freeze; the program freezes in step 3:
+    # the policy steps aside there, nothing of the program's is unfrozen
     live: list[Any] = []
 
     def freeze() -> None:
@@ -314,10 +334,10 @@ def test_the_program_s_freeze_stays_in_force():
 
     seen, collector, lines = program_calls_in_step(freeze, at=3, steps=6)
     assert "gc.freeze()" in collector.stats.stepped_aside and len(lines) == 1
-    assert collector.stats.steps == 4 and collector.stats.renewals == 1
-    # the program's thresholds back for the steps after
-    assert [s["threshold"] for s in seen[4:]] == [_default_thresholds] * 2
-    assert [s["threshold"][2] for s in seen[:4]] == [_gc_step._NEVER] * 4
+    assert collector.stats.steps == 3 and collector.stats.renewals == 1
+    # the program's thresholds back from its call on
+    assert [s["in_force"] for s in seen[3:]] == [_default_thresholds] * 3
+    assert [s["in_force"][2] for s in seen[:3]] == [_gc_step._NEVER] * 3
     assert frozen_by_program() > 0  # still frozen after the loop: the program's
     gc.unfreeze()
 
@@ -335,6 +355,298 @@ def test_the_program_s_collect_collects():
     seen, collector, lines = program_calls_in_step(collect_now, at=2)
     assert freed == [True] and collector.stats.program_collections == 1 and lines == []
     assert collector.stats.steps == 3
+
+
+# -- every call a program can make, against CPython's own collector ---------------
+
+
+def _save_thresholds(kept: dict) -> None:
+    kept["thresholds"] = gc.get_threshold()
+
+
+# What a program does to the collector, by step: each step 1 call comes after
+# the collector's first renewal (its freeze at step 0's end). Every call
+# looks its function up in the gc module when made, as a program does.
+def _programs() -> dict[str, dict[int, Callable[[], Any]]]:
+    kept: dict[str, Any] = {}
+    return {
+        "set_threshold(N)": {1: lambda: gc.set_threshold(20_000)},
+        "set_threshold(N, M)": {1: lambda: gc.set_threshold(20_000, 5)},
+        "set_threshold(N, M, K)": {1: lambda: gc.set_threshold(20_000, 5, 7)},
+        "set_threshold twice": {1: lambda: gc.set_threshold(900, 3), 2: lambda: gc.set_threshold(1_200)},
+        "disable": {1: lambda: gc.disable()},
+        "enable": {1: lambda: gc.enable()},
+        "disable, enable": {1: lambda: gc.disable(), 2: lambda: gc.enable()},
+        "freeze": {1: lambda: gc.freeze()},
+        "unfreeze": {1: lambda: gc.unfreeze()},
+        "freeze, unfreeze": {1: lambda: gc.freeze(), 2: lambda: gc.unfreeze()},
+        "collect": {1: lambda: gc.collect()},
+        "thresholds saved, then set back": {1: lambda: _save_thresholds(kept), 2: lambda: gc.set_threshold(*kept["thresholds"])},
+    }
+
+
+PROGRAMS = sorted(_programs())
+
+
+def run_program(name: str, point: str, collector: StepCollector | None, steps: int = 3):
+    """A loop of ``steps`` whose steps make the program's calls ``name`` at
+    ``point`` ("start": first thing in the step; "armed": after the step
+    allocated until the collector armed a full collection); with
+    ``collector`` None, without one (CPython's own collector). What the
+    program saw of the collector in each step (its thresholds before and
+    after its calls, the enabled flag after), its state after the loop, and
+    whether each call was made while a full collection was armed."""
+    calls = _programs()[name]
+    module, seen = fake_train_module(collector, steps=steps)
+    inner = module.do_train_step_and_get_sampling_client
+    kept: list[Any] = []
+    armed_at_call: list[bool] = []
+
+    async def step(i):
+        before = gc.get_threshold()
+        if point == "armed" and i in calls and collector is not None and not collector._aside:
+            for _ in range(100_000):  # a young collection arms it (headroom 0)
+                kept.append([])
+                if collector._armed:
+                    break
+            armed_at_call.append(collector._armed)
+        if i in calls:
+            calls[i]()
+        seen_by_program.append((before, gc.get_threshold(), gc.isenabled()))
+        return await inner(i)
+
+    seen_by_program: list[tuple] = []
+    module.do_train_step_and_get_sampling_client = step
+    undo = held(collector, module) if collector is not None else (lambda: None)
+    try:
+        asyncio.run(module.do_sync_training())
+    finally:
+        undo()
+    after = (gc.isenabled(), gc.get_threshold(), frozen_by_program() > 0, gc_functions_are_cpython_s())
+    return seen_by_program, after, armed_at_call
+
+
+@pytest.mark.parametrize("point", ["start", "armed"])
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_each_program_call_leaves_the_collector_as_cpython_does(monkeypatch, name, point):
+    # What the program sees in the loop and has after it: what the same calls
+    # give without the collector. No threshold of ours is ever shown.
+    monkeypatch.setattr(_gc_step, "_CHECK_INTERVAL", 0.0)
+    monkeypatch.setattr(_gc_step, "_CHECK_SHARE", 1.0)
+
+    def clean() -> None:
+        gc.enable()
+        gc.unfreeze()
+        gc.set_threshold(*_default_thresholds)
+
+    try:
+        stock_seen, stock_after, _ = run_program(name, point, None)
+        clean()
+        collector = StepCollector(headroom=0.0)
+        seen, after, armed = run_program(name, point, collector)
+    finally:
+        clean()
+    # the calls made while a full collection was armed
+    assert all(armed) and bool(armed) == (point == "armed"), armed
+    assert seen == stock_seen
+    assert after == stock_after, (after, stock_after, collector.stats)
+    assert collector.stats.steps >= 1  # the policy held before the program's calls
+
+
+def test_a_one_argument_set_threshold_leaves_no_never_behind():
+    # Defect 2: gc.set_threshold(20_000) in a step, the oldest generation
+    # then collected as CPython does it: its count, not never.
+    try:
+        _, stock_after, _ = run_program("set_threshold(N)", "start", None)
+        gc.set_threshold(*_default_thresholds)
+        collector = StepCollector()
+        seen, after, _ = run_program("set_threshold(N)", "start", collector)
+        assert after == stock_after and after[1] == (20_000, *_default_thresholds[1:])
+        assert "gc.set_threshold()" in collector.stats.stepped_aside and collector.stats.steps == 1
+    finally:
+        gc.set_threshold(*_default_thresholds)
+
+
+def test_gc_functions_bound_before_or_kept_after_the_loop_act_as_cpython_s():
+    # A program that bound gc.set_threshold before the loop (CPython's: the
+    # policy's functions do not see it) sets one threshold in step 1; one
+    # that kept gc.set_threshold / get_threshold from inside the loop calls
+    # them after it. Both as without the collector.
+    def run(collector: StepCollector | None) -> tuple:
+        bound_before = gc.set_threshold
+        kept: dict[str, Any] = {}
+
+        def in_step(i: int) -> None:
+            if i == 0:
+                kept["set"], kept["get"] = gc.set_threshold, gc.get_threshold
+            if i == 1:
+                bound_before(20_000)
+
+        module, seen = fake_train_module(collector, steps=3)
+        inner = module.do_train_step_and_get_sampling_client
+
+        async def step(i):
+            in_step(i)
+            return await inner(i)
+
+        module.do_train_step_and_get_sampling_client = step
+        undo = held(collector, module) if collector is not None else (lambda: None)
+        try:
+            asyncio.run(module.do_sync_training())
+        finally:
+            undo()
+        after_loop = gc.get_threshold()
+        kept["set"](900, 4)
+        return after_loop, kept["get"](), gc.get_threshold(), gc_functions_are_cpython_s()
+
+    try:
+        stock = run(None)
+        gc.set_threshold(*_default_thresholds)
+        collector = StepCollector()
+        ours = run(collector)
+    finally:
+        gc.set_threshold(*_default_thresholds)
+    assert ours == stock and stock[0] == (20_000, *_default_thresholds[1:]), (ours, stock)
+    assert "gc.set_threshold()" in collector.stats.stepped_aside  # seen at step 1's end
+
+
+def test_a_freeze_after_the_renewal_s_batch_partly_died_stays(monkeypatch):
+    # Defect 4: the collector froze a batch at step 0's end; half of it dies
+    # in step 1 (the freeze count shrinks), then the program freezes: what
+    # it froze stays frozen after the loop, as without the collector.
+    def frozen_after(collector: StepCollector | None) -> int:
+        batch: dict[str, Any] = {}
+
+        def in_step(i: int) -> None:
+            if i == 0:
+                batch["objects"] = [[j] for j in range(20_000)]
+            if i == 1:
+                del batch["objects"][:10_000]
+                gc.freeze()
+
+        module, seen = fake_train_module(collector, steps=3)
+        inner = module.do_train_step_and_get_sampling_client
+
+        async def step(i):
+            in_step(i)
+            return await inner(i)
+
+        module.do_train_step_and_get_sampling_client = step
+        undo = held(collector, module) if collector is not None else (lambda: None)
+        try:
+            asyncio.run(module.do_sync_training())
+        finally:
+            undo()
+        frozen = frozen_by_program()
+        gc.unfreeze()
+        return frozen
+
+    stock = frozen_after(None)
+    collector = StepCollector()
+    ours = frozen_after(collector)
+    assert collector.stats.renewals == 1 and "gc.freeze()" in collector.stats.stepped_aside
+    assert stock > 10_000 and abs(ours - stock) < 0.05 * stock, (ours, stock)
+
+
+# -- the native calls' own pause, in another thread -------------------------------
+
+
+class CallInFlight:
+    """A native call (tinker_rl_data.assemble_training_data) in another
+    thread, held inside it by a property that waits on an Event with the
+    GIL released (as I/O or a lock would), until :meth:`end`."""
+
+    def __init__(self) -> None:
+        self.entered, self.released = threading.Event(), threading.Event()
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._call, daemon=True)
+
+    def _call(self) -> None:
+        from tinker_rl_data import assemble_training_data
+        from tinker_rl_data.evsys import Trajectory, TrajectoryGroup
+
+        call = self
+
+        class Waiting:
+            completion_tokens, logprobs = [5, 6], [-0.5, -0.5]
+
+            @property
+            def prompt_tokens(self):
+                call.entered.set()
+                call.released.wait(WAIT)
+                return [1, 2, 3]
+
+        try:
+            assemble_training_data([TrajectoryGroup([Trajectory([Waiting()], 1.0)])], [[0.5]])
+        except BaseException as e:
+            self.errors.append(e)
+
+    def start(self) -> None:
+        self.thread.start()
+        assert self.entered.wait(WAIT), "the call never read its turn"
+
+    def end(self) -> None:
+        self.released.set()
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive() and not self.errors, self.errors
+
+
+WAIT = 30.0  # never reached: each wait ends as soon as the other side acts
+
+
+def loop_with(collector: StepCollector, steps: int, in_step: Callable[[int], None]) -> None:
+    module, seen = fake_train_module(collector, steps=steps)
+    inner = module.do_train_step_and_get_sampling_client
+
+    async def step(i):
+        in_step(i)
+        return await inner(i)
+
+    module.do_train_step_and_get_sampling_client = step
+    undo = held(collector, module)
+    try:
+        asyncio.run(module.do_sync_training())
+    finally:
+        undo()
+
+
+def test_a_native_call_in_flight_at_a_step_s_end_is_not_the_program_s_disable():
+    call = CallInFlight()
+
+    def in_step(i: int) -> None:
+        if i == 1:
+            call.start()  # in flight at step 1's end: the collector is off for it
+        if i == 2:
+            call.end()
+
+    collector = StepCollector()
+    try:
+        loop_with(collector, 3, in_step)
+    finally:
+        call.end()
+    assert collector.stats.stepped_aside == "" and collector.stats.step_collections == 3, collector.stats
+    assert gc.isenabled()
+
+
+def test_the_program_s_disable_while_a_native_call_is_in_flight_stays():
+    # The call found the collector on; the program turns it off meanwhile
+    # (CPython: off from then on): the call's end leaves it off.
+    call = CallInFlight()
+
+    def in_step(i: int) -> None:
+        if i == 1:
+            call.start()
+            gc.disable()
+        if i == 2:
+            call.end()
+
+    collector = StepCollector()
+    try:
+        loop_with(collector, 3, in_step)
+        assert not gc.isenabled() and "gc.disable()" in collector.stats.stepped_aside
+    finally:
+        call.end()
+        gc.enable()
 
 
 # -- the freeze's renewals ------------------------------------------------------------
@@ -585,20 +897,22 @@ FORKED_IN_A_STEP = textwrap.dedent(
     from tinker_rl_data.cookbook import gc_step
 
     gc.set_threshold(1500, 7, 3)
+    cpython_s = {name: getattr(gc, name) for name in gc_step.FRONT}
     before = [gc.isenabled(), list(gc.get_threshold()), len(gc.callbacks)]
     collector = gc_step.StepCollector(young=100)
     for hold in ("loop", "held step"):
         collector.loop_started() if hold == "loop" else collector.step_held()
-        inside = list(gc.get_threshold())
+        inside = list(gc_step.collector_thresholds())
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # a pool's worker, forked inside the step
-            state = [gc.isenabled(), list(gc.get_threshold()), len(gc.callbacks), collector.active]
+            state = [gc.isenabled(), list(gc_step.collector_thresholds()), len(gc.callbacks), collector.active]
+            state.append([getattr(gc, name) is function for name, function in cpython_s.items()])
             os.write(write, json.dumps(state).encode())
             os._exit(0)
         os.waitpid(pid, 0)
         child = json.loads(os.read(read, 4096))
-        still = [list(gc.get_threshold()), collector.active]  # the parent's step goes on
+        still = [list(gc_step.collector_thresholds()), collector.active]  # the parent's step goes on
         collector.loop_ended() if hold == "loop" else collector.step_released()
         print(json.dumps({"hold": hold, "before": before, "inside": inside, "child": child, "parent": still}))
     """
@@ -611,7 +925,8 @@ def test_a_process_forked_inside_a_step_has_the_programs_collector():
     for line in proc.stdout.strip().splitlines():
         out = json.loads(line)
         assert out["inside"][1:] == [7, 2**30], out  # the step's policy, in the parent
-        assert out["child"] == [*out["before"], False], out  # not in the step: the program's collector
+        # not in the step: the program's collector, CPython's gc functions
+        assert out["child"] == [*out["before"], False, [True] * len(_gc_step.FRONT)], out
         assert out["parent"] == [out["inside"], True], out
 
 

@@ -30,7 +30,7 @@ WORKER = textwrap.dedent(
     """
     import asyncio, collections, gc, json, os, sys
     import tinker_cookbook.rl.rollouts as rollouts
-    from tinker_rl_data.cookbook import workers as _workers
+    from tinker_rl_data.cookbook import gc_step as _gc_step, workers as _workers
 
     class Node:
         pass
@@ -52,7 +52,8 @@ WORKER = textwrap.dedent(
 
     def rollout(task):  # stands for the cookbook's _run_rollout_sync
         async def group():
-            inside.append(gc.get_threshold())
+            # what the program sees, and what CPython collects by
+            inside.append([gc.get_threshold(), _gc_step.collector_thresholds()])
             churn(20_000)
             return task
         return asyncio.run(group())
@@ -103,7 +104,8 @@ def run_worker(skip: str = "") -> dict:
 def test_the_worker_s_collector_is_held_to_each_rollout_only():
     out = run_worker()
     held = [700, 10, _gc_step._NEVER]  # the young generations as the program's, the oldest held
-    assert out["collector"] and out["inside"] == [held] * 3
+    # the program sees its own thresholds, never the policy's
+    assert out["collector"] and out["inside"] == [[[700, 10, 10], held]] * 3
     assert out["steps"] == out["step_collections"] == 3  # one full collection per rollout
     for between in out["between"]:
         # the program's collector between rollouts: its own older collections run
@@ -117,6 +119,6 @@ def test_the_worker_s_collector_is_held_to_each_rollout_only():
 def test_skip_gc_leaves_the_worker_s_collector_alone():
     out = run_worker(skip="gc")  # the driver had TINKER_RL_DATA_SKIP=gc
     assert not out["collector"] and out["installed"] == []
-    assert out["inside"] == [[700, 10, 10]] * 3
+    assert out["inside"] == [[[700, 10, 10]] * 2] * 3
     for between in out["between"]:
         assert between["threshold"] == [700, 10, 10] and between["frozen"] < 4096

@@ -40,17 +40,52 @@ things, and only when the collector runs:
 - **Each step ends with one full collection**: the step's work in flight,
   dead by then, is freed before the next step starts.
 
-The program's own calls are kept: ``gc.collect()`` collects as it would
-(and restarts the count); ``gc.disable()``, ``gc.set_threshold()`` or
-``gc.freeze()`` made while the loop runs make this module step aside for
-the rest of the loop, with one log line, leaving the program's settings in
-force (a freeze is seen at the next renewal, before anything is unfrozen).
-When the loop returns or raises, and on :meth:`StepCollector.restore`, the
-state this module set is put back (the program's thresholds and enabled
-flag, its objects unfrozen, its callback removed). ``headroom`` is set by
-``install(gc_headroom=...)`` or ``TINKER_RL_DATA_GC_HEADROOM`` (``0.25`` or
-``25%``; ``0``: a full collection as soon as anything grew; ``off``: none
-inside a step), the same in the driver and in rollout workers.
+**The program's own calls are kept**, and no threshold of ours is ever
+the program's. While the policy holds (a loop running, a worker's held
+step), the gc module's ``set_threshold``, ``get_threshold``, ``disable``,
+``enable``, ``freeze`` and ``unfreeze`` (:data:`FRONT`) are this module's:
+``gc.get_threshold()`` shows the program's thresholds (as CPython would
+hold them after the program's own calls), never the policy's; a
+``gc.set_threshold()`` (1, 2 or 3 arguments: CPython merges it into the
+program's thresholds, put in force first), ``gc.disable()``,
+``gc.freeze()`` or ``gc.unfreeze()`` makes the policy step aside for the
+rest of the loop (one log line) with the program's settings in force, the
+call made as CPython makes it (a freeze takes this module's frozen objects
+in: they are the program's from then; an unfreeze takes them out); a
+``gc.enable()`` changes nothing of the policy (the collector is on while it
+holds). ``gc.collect()`` collects as it would (and restarts the count).
+When the policy ends (the loop returns or raises, :meth:`StepCollector.restore`,
+``uninstall()``, a fork in the child, stepping aside), the gc module's
+functions are the very objects it had again; ours, wherever the program
+kept them, act as the gc module's from then. Then the program's thresholds, enabled
+flag and frozen objects are what its own calls made them: its thresholds,
+its callbacks without ours, this module's frozen objects unfrozen unless
+the program froze or unfroze.
+
+Why the gc module's functions and not a check of the collector's state at
+the step's end: a check after the fact cannot tell the program's calls from
+ours (a 1-argument ``gc.set_threshold()`` keeps the policy's other two; the
+freeze count shrinks as frozen objects die, whoever froze them), and
+``gc.get_threshold()`` inside a step would show the policy's never, which a
+program that saves it and sets it back later would keep for ever. What the
+functions miss: a function bound before the loop started (``from gc import
+set_threshold``) and a C extension's ``PyGC_Disable()``; for those the
+step's end still checks: the collector off (not by a native call's pause,
+which is not the program's) or thresholds not ours make the policy step
+aside, with the program's thresholds where the values are still ours and
+its own where it set them; a freeze count grown past this module's.
+
+The native calls' own pause (``rust/py/gc.rs``: the collector off for a
+call, counted across threads) is not the program's: a loop's start and a
+step's end read the collector's flag as the program has it, and the
+program's ``gc.disable()`` or ``gc.enable()`` made through these functions
+while such a call is in flight (in another thread) is told to it, so that
+the last call in flight leaves the program's flag.
+
+``headroom`` is set by ``install(gc_headroom=...)`` or
+``TINKER_RL_DATA_GC_HEADROOM`` (``0.25`` or ``25%``; ``0``: a full
+collection as soon as anything grew; ``off``: none inside a step), the
+same in the driver and in rollout workers.
 
 Steps with no training loop around them (a rollout worker's group
 rollouts, :mod:`.workers`): :meth:`StepCollector.step_held` and
@@ -88,7 +123,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .. import features, switches
+from .. import _core, features, switches
 from ..patch.feature import Feature, Option, WorkerPart, WorkerStart
 from ..patch.piece import Piece, ProbeFailed
 
@@ -109,6 +144,20 @@ _NEVER = 2**30
 _CHECK_INTERVAL = 0.05
 _CHECK_SHARE = 0.01
 _allocated_blocks = sys.getallocatedblocks
+
+# The gc module's functions the program's calls go through while a policy
+# holds (see "The program's own calls" above).
+FRONT = ("set_threshold", "get_threshold", "disable", "enable", "freeze", "unfreeze")
+# CPython's own, for this module's calls (never the program's front).
+_real_set_threshold = gc.set_threshold
+_real_get_threshold = gc.get_threshold
+_real_freeze = gc.freeze
+_real_unfreeze = gc.unfreeze
+# The collector's flag as the program has it (a native call's pause is not
+# the program's), and what tells the native calls in flight the program's
+# gc.enable() / gc.disable() (rust/py/gc.rs).
+_program_enabled = _core.gc_program_enabled
+_tell_native_calls = _core.gc_program_set_enabled
 # CPython 3.12's collections move the immortal objects they meet into the
 # frozen generation (375 of them in 3.12.1, made at startup; 3.11 and 3.13
 # leave them), so there a freeze count up to this many is the interpreter's
@@ -133,6 +182,12 @@ _IN_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar("tinker_rl_data_
 def headroom_from_env(default: float | None = DEFAULT_HEADROOM) -> float | None:
     """:data:`HEADROOM_ENV` as a fraction (:func:`tinker_rl_data.switches.gc_headroom`)."""
     return switches.gc_headroom(default)
+
+
+def collector_thresholds() -> tuple[int, ...]:
+    """The thresholds CPython collects by now. While a policy holds,
+    ``gc.get_threshold()`` shows the program's; this, the policy's."""
+    return _real_get_threshold()
 
 
 def program_froze() -> bool:
@@ -190,6 +245,9 @@ class StepCollector:
         self._in_flight = 0  # the most blocks above its base an armed collection left in a step (this loop)
         self._next_check = 0.0
         self._renewals = 0  # step ends seen by the freeze's schedule (across a worker's held steps)
+        # name: (ours, what the gc module had), while ours are in it
+        self._front: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
+        self._front_live = [False]  # what those functions read: False once they are out
         self._configure(young, headroom, freeze, middle)
         _collectors.add(self)
 
@@ -360,16 +418,20 @@ class StepCollector:
         """From inactive: the policy from here. Active only once all of it
         is in place; on an exception, what it changed is put back."""
         self._depth = 1
-        if not gc.isenabled() or gc.get_threshold()[0] == 0:
+        if not _program_enabled() or _real_get_threshold()[0] == 0:
             self._aside = True  # the program turned the collector off: leave it so
+            return
+        if _front_holder() not in (None, self):
+            self._aside = True  # another collector's policy holds (one at a time)
             return
         try:
             if self.headroom_setting is _FROM_ENV:
                 self.headroom = headroom_from_env()
-            self._saved = gc.get_threshold()
-            self.young = self.young_setting or gc.get_threshold()[0]
-            self._middle = self.middle_setting or gc.get_threshold()[1]
+            self._saved = _real_get_threshold()
+            self.young = self.young_setting or self._saved[0]
+            self._middle = self.middle_setting or self._saved[1]
             gc.callbacks.append(self._on_collection)
+            self._install_front()
             self._start_step(new_step=True)
         except BaseException:
             self._depth = 0
@@ -395,8 +457,8 @@ class StepCollector:
         self._set_thresholds(self.young, self._middle, _NEVER)
 
     def _set_thresholds(self, *thresholds: int) -> None:
-        gc.set_threshold(*thresholds)
-        self._ours = gc.get_threshold()
+        _real_set_threshold(*thresholds)
+        self._ours = _real_get_threshold()
 
     def _end_step(self) -> None:
         """The step's full collection; at steps 1, 4, 16, ... the freeze
@@ -407,14 +469,14 @@ class StepCollector:
             self._step_aside("the program froze objects itself (gc.freeze())")
             renew = False
         if renew and self._froze:
-            gc.unfreeze()
+            _real_unfreeze()
             self._froze = 0
         self._own_collect = True
         try:
             gc.collect()
             self.stats.step_collections += 1
             if renew and not program_froze():
-                gc.freeze()
+                _real_freeze()
                 # Once more over what is left unfrozen (nearly nothing):
                 # CPython then counts the oldest generation's growth from the
                 # objects not frozen, so that an armed collection is not
@@ -428,28 +490,128 @@ class StepCollector:
 
     def _program_changed(self) -> bool:
         """Whether the program turned the collector off or set its
-        thresholds while the policy held: if so, step aside."""
-        if not gc.isenabled():
+        thresholds past the gc module's functions (functions it bound
+        before the loop started, a C extension): if so, step aside. A
+        native call's pause in flight (another thread) is not the program's."""
+        if not _program_enabled():
             self._step_aside("the program turned the collector off (gc.disable())")
-        elif gc.get_threshold() != self._ours:
-            self._step_aside(f"the program set the thresholds to {gc.get_threshold()} (gc.set_threshold())")
+        elif _real_get_threshold() != self._ours:
+            self._step_aside(f"the program set the thresholds to {self._programs_thresholds()} (gc.set_threshold())")
         return self._aside
+
+    def _programs_thresholds(self) -> tuple[int, ...]:
+        """The program's thresholds: those it had, with what it set past
+        the gc module's functions over ours (a value still ours is not)."""
+        now = _real_get_threshold()
+        if self._saved is None or len(self._ours) != len(now):
+            return now
+        return tuple(mine if value == ours else value for value, ours, mine in zip(now, self._ours, self._saved))
 
     def _step_aside(self, why: str) -> None:
         """The program's settings stay in force for the rest of the loop:
-        the thresholds this collector set go back to the program's (unless
-        the program set its own), nothing of ours runs again; the freeze is
-        undone at the loop's end only if it is still ours alone."""
+        the gc module's functions and the program's thresholds back, nothing
+        of ours runs again; the freeze is undone at the loop's end only if
+        it is still ours alone."""
         if self._aside:
             return
         self._aside = True
         self._remove_callback()
-        if self._saved is not None and gc.get_threshold() == self._ours:
-            gc.set_threshold(*self._saved)
+        self._remove_front()
+        if self._saved is not None:
+            _real_set_threshold(*self._programs_thresholds())
         self._saved = None
         self._armed = False
         self.stats.stepped_aside = why
         _log.warning("tinker_rl_data: the GC policy steps aside for the rest of this training loop: %s", why)
+
+    def _install_front(self) -> None:
+        """The program's calls of the gc module's :data:`FRONT` functions
+        go through ours from here (see the module's doc)."""
+        global _holder
+        originals = {name: getattr(gc, name) for name in FRONT}
+        live = self._front_live = [True]
+
+        def theirs(name: str, ours: Callable[..., Any]) -> Callable[..., Any]:
+            # Once ours are out: what the gc module has then (not ourselves).
+            now = getattr(gc, name)
+            return originals[name] if now is ours else now
+
+        def get_threshold() -> tuple[int, ...]:
+            thresholds = self._saved
+            if live[0] and thresholds is not None:
+                return thresholds
+            return theirs("get_threshold", get_threshold)()  # type: ignore[no-any-return]
+
+        def set_threshold(*args: Any, **kwargs: Any) -> None:
+            with self._lock:
+                if not live[0]:
+                    return theirs("set_threshold", set_threshold)(*args, **kwargs)
+                # The program's thresholds in force first: CPython then
+                # merges its call (1 or 2 arguments) into them, errors included.
+                self._step_aside("the program set its thresholds (gc.set_threshold())")
+                return originals["set_threshold"](*args, **kwargs)  # type: ignore[no-any-return]
+
+        def disable() -> None:
+            with self._lock:
+                if not live[0]:
+                    return theirs("disable", disable)()  # type: ignore[no-any-return]
+                self._step_aside("the program turned the collector off (gc.disable())")
+                originals["disable"]()
+                _tell_native_calls(False)
+
+        def enable() -> None:
+            # The collector is on while the policy holds: nothing to step
+            # aside for (a native call in flight puts it back on at its end).
+            if not live[0]:
+                return theirs("enable", enable)()  # type: ignore[no-any-return]
+            originals["enable"]()
+            _tell_native_calls(True)
+
+        def freeze() -> None:
+            with self._lock:
+                if not live[0]:
+                    return theirs("freeze", freeze)()  # type: ignore[no-any-return]
+                self._froze = 0  # the program's freeze takes ours in: its own from here
+                self._step_aside("the program froze objects itself (gc.freeze())")
+                return originals["freeze"]()  # type: ignore[no-any-return]
+
+        def unfreeze() -> None:
+            with self._lock:
+                if not live[0]:
+                    return theirs("unfreeze", unfreeze)()  # type: ignore[no-any-return]
+                self._froze = 0  # the program's unfreeze takes ours out too
+                self._step_aside("the program unfroze objects (gc.unfreeze())")
+                return originals["unfreeze"]()  # type: ignore[no-any-return]
+
+        ours: dict[str, Callable[..., Any]] = {
+            "get_threshold": get_threshold,
+            "set_threshold": set_threshold,
+            "disable": disable,
+            "enable": enable,
+            "freeze": freeze,
+            "unfreeze": unfreeze,
+        }
+        for name, function in ours.items():
+            function.__name__ = name
+            function.__doc__ = originals[name].__doc__
+            function.__wrapped__ = originals[name]  # type: ignore[attr-defined]
+        self._front = {name: (function, originals[name]) for name, function in ours.items()}
+        for name, function in ours.items():
+            setattr(gc, name, function)
+        _holder = weakref.ref(self)
+
+    def _remove_front(self) -> None:
+        """The gc module's functions back (the very objects it had), where
+        ours are still there; ours, wherever the program keeps them, act
+        as the gc module's from here."""
+        global _holder
+        self._front_live[0] = False
+        for name, (function, original) in self._front.items():
+            if getattr(gc, name, None) is function:
+                setattr(gc, name, original)
+        self._front = {}
+        if _front_holder() is self:
+            _holder = None
 
     def _remove_callback(self) -> None:
         while self._on_collection in gc.callbacks:
@@ -457,12 +619,13 @@ class StepCollector:
 
     def _put_back(self, unfreeze: bool = True) -> None:
         self._remove_callback()
+        self._remove_front()
         if self._saved is not None:
-            gc.set_threshold(*self._saved)
+            _real_set_threshold(*self._programs_thresholds())
             self._saved = None
         if unfreeze and self._froze:
             if not _program_froze_over(self._froze):  # still ours alone
-                gc.unfreeze()
+                _real_unfreeze()
             self._froze = 0
         self._armed = False
         self._aside = False
@@ -473,7 +636,7 @@ class StepCollector:
         # no other collection can start): no lock, no collection, no log and
         # no change to gc.callbacks (CPython is iterating it) from here. A
         # program's own settings are seen and answered at the step's end.
-        if phase != "stop" or self._depth == 0 or self._aside or gc.get_threshold() != self._ours:
+        if phase != "stop" or self._depth == 0 or self._aside or _real_get_threshold() != self._ours:
             return
         if info["generation"] == 2:
             if self._armed:
@@ -500,6 +663,14 @@ class StepCollector:
             # (CPython's own quarter check still applies).
             self._armed = True
             self._set_thresholds(self.young, 0, 0)
+
+
+# The collector whose functions are in the gc module (one at a time).
+_holder: weakref.ref[StepCollector] | None = None
+
+
+def _front_holder() -> StepCollector | None:
+    return _holder() if _holder is not None else None
 
 
 def _program_froze_over(count: int) -> bool:
