@@ -31,7 +31,7 @@ from support.trainer_checks import canonical_bodies, comparable, compare_metrics
 TESTS = Path(__file__).resolve().parents[1]
 RUNNER = TESTS / "support" / "trainer_run.py"
 STEPS = 2
-VARIANTS = ["stock", "installed"]
+VARIANTS = ["stock", "installed+gc"]  # installed+gc: install() as users call it
 STEP_PATHS = ("/api/v1/asample", "/api/v1/retrieve_future", "/api/v1/forward_backward", "/api/v1/optim_step")
 PYQWEST_OFF = "stands aside: the service turned pyqwest off (use_pyqwest_transport: false)"
 LEAN_PIECES = ("step requests sent lean", "future polls sent lean")
@@ -60,7 +60,7 @@ def runs(request, tmp_path_factory):
 
 def test_the_same_bodies_and_metrics_as_stock(runs):
     _, by_variant = runs
-    (stock_bodies, stock), (bodies, installed) = by_variant["stock"], by_variant["installed"]
+    (stock_bodies, stock), (bodies, installed) = by_variant["stock"], by_variant["installed+gc"]
     assert len(stock["steps"]) == len(installed["steps"]) == STEPS
     assert len(stock_bodies) == STEPS and all(stock_bodies.values())  # one forward_backward a step
     assert bodies == stock_bodies
@@ -104,7 +104,7 @@ def test_the_client_took_the_flags_path(runs, variant):
 
 def test_status_says_the_lean_transport_stands_aside_when_no_request_went_through_pyqwest(runs):
     config, by_variant = runs
-    installed = by_variant["installed"][1]
+    installed = by_variant["installed+gc"][1]
     paths = installed["requests"]["paths"]
     through_pyqwest = sum(paths[p]["senders"].get("pyqwest", 0) for p in STEP_PATHS)
     status = installed["status"]
