@@ -68,6 +68,12 @@ Modes users run (each applies to every variant of the invocation):
                 sequences at once, the rest queued; forward_backward and
                 optim_step 50 ms each; a poll of a future not ready held until
                 it is): the table gains what the service saw
+  --client-config JSON
+                the flags the fake service's /api/v1/client/config answers
+                (fields of tinker's ClientConfigResponse, e.g.
+                '{"sample_use_retrieve_futures": true, "proto_compress_fwdbwd": true}'
+                or '{"use_pyqwest_transport": false}'), and what they make
+                the client send served (tests/support/fake_tinker.py)
   --garbage KIND:MB[+KIND:MB]
                 the environment makes cyclic garbage as real ones do
                 (tests/support/garbage.py): step:MB every env.step (held
@@ -293,6 +299,8 @@ def describe_mode(args: argparse.Namespace) -> str:
         parts.append(f"garbage {args.garbage}")
     if args.latency:
         parts.append(f"service latency {args.latency}")
+    if args.client_config:
+        parts.append(f"client config {args.client_config}")
     return ", ".join(parts) or "sync, defaults"
 
 

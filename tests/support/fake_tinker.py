@@ -26,6 +26,27 @@ forward_backward and optim_step take their times one after another, and a
 poll of a future not yet ready is held (a long poll) until it is or until
 `hold` seconds, then answered try_again, as tinker's client expects.
 
+With --client-config JSON (opt-in; `FakeTinker(client_config={...})`), the
+service answers `/api/v1/client/config` with those of tinker's
+`ClientConfigResponse` flags (any of its fields; an unknown name is refused)
+and serves what they make tinker's client send: with
+`sample_use_retrieve_futures`, `/api/v1/retrieve_futures`, one long poll per
+sampling session and clone with cursors and acknowledged ids, each sample
+future reported there once ready (its payload then fetched by one
+`retrieve_future`, as tinker's `_APIFuture` does); with
+`proto_compress_fwdbwd`, zstd forward_backward bodies (`Content-Encoding:
+zstd`, decompressed and recorded as the plain body); with
+`sample_join_sampling_session`, `/api/v1/join_sampling_session`; with
+`use_pyqwest_transport: false`, httpx's own transport (HTTP/1.1 here: httpx
+speaks HTTP/2 only over TLS). requests.json counts, per path, the bodies
+received compressed (`compressed`) and which client sent the requests
+(`senders`: `httpx`, whose h11 writes header names as given and Host first,
+or `pyqwest`, whose hyper writes them lowercase); with
+`sample_use_retrieve_futures`, the ids the polls acknowledged
+(retrieve_futures' `acknowledged`) and the retrieve_future requests for
+sample futures after their session's poll reported them (`sample_fetches`)
+and before (`sample_polls`).
+
 With --faults SPEC (opt-in; `FakeTinker(faults=SPEC)`), a seeded schedule
 of faults (`Faults`): HTTP 500/503, 429 with Retry-After, 408, an empty-body
 400, a closed connection, a lost response (done, then the connection
@@ -34,10 +55,12 @@ polls, 410 on a sample future, and, only where asked, non-retryable 400s
 and failed futures. Whether a request is faulted depends only on the seed,
 its path, what it asks for and how many times that was asked before, not
 on arrival order or timing: two runs sending the same requests see the
-same faults.
+same faults. The paths the client flags add (`/api/v1/retrieve_futures`,
+`/api/v1/join_sampling_session`) are counted, never faulted: a long poll's
+cursor depends on timing, so a schedule keyed by it would not repeat.
 
     python tests/support/fake_tinker.py [--seed N] [--record DIR] [--faults SPEC] [--latency SPEC] [--timeout S]
-                                        [--parent-pid PID] [--capture FILE]
+                                        [--parent-pid PID] [--capture FILE] [--client-config JSON]
 
 prints `port <N>` on stdout once it listens. From Python, `FakeTinker()` is
 a context manager that starts it and gives `base_url`.
@@ -149,7 +172,9 @@ class Latency:
                  one at a time, in arrival order (one model)
       hold=S     a retrieve_future of a future not yet ready is held (a long
                  poll) until it is, or S seconds (default 10), then answered
-                 try_again (queue_state active): tinker's client polls again
+                 try_again (queue_state active): tinker's client polls again;
+                 a retrieve_futures poll with nothing new, until a sample of
+                 its session is ready or S seconds, then answered empty
       held=N     at most N polls held at once (default 4096: each is an open
                  connection); a poll past it is answered try_again at once
 
@@ -190,6 +215,7 @@ class Timeline:
         self.pending: set[str] = set()  # futures not ready
         self.ready_at: dict[str, float] = {}  # sample future -> when it became ready
         self.waiters: dict[str, list[Callable[[], None]]] = {}  # future -> held polls
+        self.on_ready: Callable[[str], None] | None = None  # told each future once ready
         self.held = 0
         self.train_free = 0.0
         # measured
@@ -252,6 +278,8 @@ class Timeline:
 
     def _ready(self, rid: str) -> None:
         self.pending.discard(rid)
+        if self.on_ready is not None:
+            self.on_ready(rid)
         for answer in self.waiters.pop(rid, ()):
             answer()
 
@@ -292,15 +320,71 @@ def _load_pb2() -> Any:
     return module
 
 
+def client_config_flags() -> set[str]:
+    """The field names of tinker's `ClientConfigResponse`, read from its
+    source (importing `tinker` costs seconds of CPU per service started)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("tinker")
+    assert spec is not None and spec.submodule_search_locations
+    path = Path(next(iter(spec.submodule_search_locations))) / "types" / "client_config_response.py"
+    tree = ast.parse(path.read_text())
+    model = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ClientConfigResponse")
+    return {n.target.id for n in model.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+class Completions:
+    """One sampling session's (and clone's) completions as
+    `/api/v1/retrieve_futures` serves them: each sample future, once ready,
+    is an event numbered by the next cursor; a poll trims the events at or
+    before its `prev_cursor` (seen) and gets the rest and the last cursor.
+    A poll with nothing new waits in `waiters` (a long poll)."""
+
+    def __init__(self) -> None:
+        from collections import deque
+
+        self.events: deque[tuple[int, dict[str, Any]]] = deque()
+        self.cursor = 0
+        self.waiters: list[Callable[[], None]] = []
+
+    def add(self, completion: dict[str, Any]) -> None:
+        self.cursor += 1
+        self.events.append((self.cursor, completion))
+        waiters, self.waiters = self.waiters, []
+        for answer in waiters:
+            answer()
+
+    def after(self, prev_cursor: int) -> list[dict[str, Any]]:
+        while self.events and self.events[0][0] <= prev_cursor:
+            self.events.popleft()
+        return [completion for _, completion in self.events]
+
+
 class Service:
     def __init__(
-        self, seed: int, record: Path | None, faults: Faults | None = None, latency: Latency | None = None
+        self, seed: int, record: Path | None, faults: Faults | None = None, latency: Latency | None = None,
+        client_config: dict[str, Any] | None = None,
     ) -> None:
         import numpy as np
 
         if faults is not None and latency is not None:
             raise ValueError("faults and a latency model are not combined")
         self.timeline = Timeline(latency) if latency is not None else None
+        # The flags /api/v1/client/config answers (tinker's defaults for the rest).
+        self.client_config = dict(client_config or {})
+        unknown = set(self.client_config) - client_config_flags()
+        if unknown:
+            raise ValueError(f"not flags of tinker's ClientConfigResponse: {sorted(unknown)}")
+        # sample_use_retrieve_futures: each sample future is reported to its
+        # session's long poll once ready (rid -> (session, clone), payload size).
+        self.report_samples = bool(self.client_config.get("sample_use_retrieve_futures"))
+        self.completions: dict[tuple[str, int], Completions] = {}
+        self.to_report: dict[str, tuple[tuple[str, int], int]] = {}
+        self.joined: dict[str, int] = {}  # sampling session -> clients joined
+        self.reported: set[str] = set()  # sample futures a session's poll was answered with
+        if self.timeline is not None:
+            self.timeline.on_ready = self._report
 
         self.np = np
         self.pb = _load_pb2()
@@ -332,6 +416,11 @@ class Service:
         entry = self.tally.setdefault(path, {"received": 0, "retried": 0, "answered": 0, "faults": {}})
         if what in ("received", "retried", "answered"):
             entry[what] += n
+        elif what in ("compressed", "acknowledged", "sample_fetches", "sample_polls"):  # see the callers
+            entry[what] = entry.get(what, 0) + n
+        elif what.startswith("sender:"):  # which client sent it (HttpProtocol.sender)
+            senders = entry.setdefault("senders", {})
+            senders[what[7:]] = senders.get(what[7:], 0) + n
         else:
             entry["faults"][what] = entry["faults"].get(what, 0) + n
 
@@ -361,6 +450,14 @@ class Service:
         headers (`headers`)."""
         name = path.split("?", 1)[0]
         self._count(name, "received")
+        if self.report_samples and name == "/api/v1/retrieve_future":
+            # A sample future's payload fetched after its session's poll
+            # reported it, or polled for before (tinker polling it itself).
+            rid = json.loads(body).get("request_id")
+            if rid in self.reported:
+                self._count(name, "sample_fetches")
+            elif self.futures.get(rid, ("",))[0] == "sample":
+                self._count(name, "sample_polls")
         timeline = self.timeline
         if timeline is not None and name == "/api/v1/retrieve_future":
             rid = json.loads(body).get("request_id")
@@ -369,6 +466,8 @@ class Service:
                     timeline.try_agains += 1
                     return (*self._json({"type": "try_again", "request_id": rid, "queue_state": "active"}), {})
                 return 0, "", b"", {"hold": rid}
+        if name == "/api/v1/retrieve_futures":
+            return self.retrieve_futures(body)
         if self.faults is not None and name in FAULT_PATHS:
             out = self.faulted(name, body)
         else:
@@ -499,8 +598,14 @@ class Service:
             return self._json(self.asample(req, fault_key))
         if name == "/api/v1/retrieve_future":
             return self.retrieve(req)
-        if name in ("/api/v1/client/config", "/api/v1/client/dynamic_config"):
+        if name == "/api/v1/client/config":
+            return self._json(self.client_config)
+        if name == "/api/v1/client/dynamic_config":
             return self._json({})
+        if name == "/api/v1/join_sampling_session":
+            sid = req.get("sampling_session_id", "")
+            joined = self.joined[sid] = self.joined.get(sid, 0) + 1  # the original client is 0
+            return self._json({"type": "join_sampling_session", "client_counter": joined})
         if name == "/api/v1/create_session":
             self.sessions += 1
             return self._json({"type": "create_session", "session_id": f"session-{self.sessions}"})
@@ -599,9 +704,49 @@ class Service:
         ids = [f"seq-{key:08x}-{i}" for i in draws]
         scored = len(tokens) if req.get("prompt_logprobs") else 0
         answer = self._future("sample", (key, tuple(draws), max_tokens, scored), fault_key, sample_sequence_ids=ids)
+        if self.report_samples:
+            target = (str(req.get("sampling_session_id")), int(req.get("seq_id") or 0) // 1_000_000_000)
+            # about the payload's bytes (tinker reserves them before its fetch)
+            self.to_report[answer["request_id"]] = (target, n * (8 * max_tokens + 16) + 4 * scored + 8)
+            if self.timeline is None:
+                self._report(answer["request_id"])
         if self.timeline is not None:
             self.timeline.sample(answer["request_id"], n, max_tokens)
         return answer
+
+    def _report(self, rid: str) -> None:
+        """A sample future ready: an event of its session's completions."""
+        entry = self.to_report.pop(rid, None)
+        if entry is not None:
+            target, size = entry
+            completion = {"state": "finished", "request_id": rid, "response_payload_uncompressed_size": size}
+            self.completions.setdefault(target, Completions()).add(completion)
+
+    def retrieve_futures(self, body: bytes) -> tuple[int, str, bytes, dict[str, Any]]:
+        """A session's poll: its completions after `prev_cursor` at once, or
+        (none, and not `timeout: 0`) held until one comes or the hold ends
+        (`HttpProtocol._hold_poll`: the latency model's `hold`, else 30 s as
+        tinker's service holds it)."""
+        name = "/api/v1/retrieve_futures"
+        req = json.loads(body)
+        target = req["target"]
+        queue = self.completions.setdefault(
+            (str(target["sampling_session_id"]), int(target.get("cloned_sampler_id") or 0)), Completions()
+        )
+        self._count(name, "acknowledged", len(req.get("retrieved_request_ids") or ()))
+        prev = int(req.get("prev_cursor") or 0)
+        timeout = req.get("timeout")
+        if queue.after(prev) or timeout == 0:
+            self._count(name, "answered")
+            return (*self.poll_answer(queue, prev), {})
+        hold = self.timeline.latency.hold if self.timeline is not None else 30.0
+        seconds = hold if timeout is None else min(float(timeout), hold)
+        return 0, "", b"", {"poll": (queue, prev, seconds)}
+
+    def poll_answer(self, queue: Completions, prev: int) -> tuple[int, str, bytes]:
+        completions = queue.after(prev)
+        self.reported.update(c["request_id"] for c in completions)
+        return self._json({"completions": completions, "cursor": queue.cursor})
 
     def sample_response(self, key: int, draws: tuple[int, ...], max_tokens: int, scored: int = 0) -> bytes:
         np, pb = self.np, self.pb
@@ -710,9 +855,12 @@ class HttpProtocol(asyncio.Protocol):
             if self.service.on_request is not None:
                 fields = [(k.strip().lower(), v.strip()) for k, _, v in (line.partition(":") for line in head[1:])]
                 self.service.on_request(method, path, fields, body, version)
-            if headers.get("content-encoding") == "zstd":
+            name = path.split("?", 1)[0]
+            self.service._count(name, f"sender:{self.sender(head)}")
+            if headers.get("content-encoding") == "zstd":  # proto_compress_fwdbwd: handled as the plain body
                 import zstandard
 
+                self.service._count(name, "compressed")
                 body = zstandard.ZstdDecompressor().decompress(body)
             try:
                 status, ctype, out, how = self.service.handle(method, path, body)
@@ -722,6 +870,9 @@ class HttpProtocol(asyncio.Protocol):
             assert self.transport is not None
             if "hold" in how:  # a long poll: answered when its future is ready, or try_again
                 self._hold(how["hold"], method, path, body)
+                continue
+            if "poll" in how:  # a session's long poll: answered when a completion comes, or empty
+                self._hold_poll(name, *how["poll"])
                 continue
             if how.get("close"):  # a closed connection, or a lost answer
                 self.transport.close()
@@ -738,6 +889,35 @@ class HttpProtocol(asyncio.Protocol):
                 asyncio.get_running_loop().call_later(how["delay"], self._write, reply)
             else:
                 self.transport.write(reply)
+
+    @staticmethod
+    def sender(head: list[str]) -> str:
+        """Which client wrote this request head: `httpx` (h11 writes the
+        names as httpx gives them: Host first, capitalized), `pyqwest`
+        (hyper writes them lowercase), or `other`."""
+        names = [line.partition(":")[0] for line in head[1:]]
+        if names and names[0] == "Host":
+            return "httpx"
+        return "pyqwest" if names and all(n == n.lower() for n in names) else "other"
+
+    def _hold_poll(self, name: str, queue: Completions, prev: int, seconds: float) -> None:
+        """Holds a retrieve_futures poll with nothing new: answered with the
+        completions after ``prev`` once one comes, or empty after ``seconds``."""
+        service = self.service
+        done = False
+
+        def answer() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            if answer in queue.waiters:
+                queue.waiters.remove(answer)
+            service._count(name, "answered")
+            self._write(self._reply(*service.poll_answer(queue, prev)))
+
+        queue.waiters.append(answer)
+        asyncio.get_running_loop().call_later(seconds, answer)
 
     def _reply(self, status: int, ctype: str, out: bytes) -> bytes:
         return f"HTTP/1.1 {status} {REASONS[status]}\r\ncontent-type: {ctype}\r\ncontent-length: {len(out)}\r\n\r\n".encode() + out
@@ -794,7 +974,8 @@ async def serve(args: argparse.Namespace) -> None:
     if record is not None:
         record.mkdir(parents=True, exist_ok=True)
     faults = Faults(args.faults) if args.faults else None
-    service = Service(args.seed, record, faults, Latency(args.latency) if args.latency else None)
+    client_config = json.loads(args.client_config) if args.client_config else None
+    service = Service(args.seed, record, faults, Latency(args.latency) if args.latency else None, client_config)
     if args.capture:
         service.on_request = capture_to(Path(args.capture))
     loop = asyncio.get_running_loop()
@@ -845,19 +1026,25 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=3600.0, help="exit after this many seconds")
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is no longer the parent")
     p.add_argument("--capture", default=None, help="append every request received to this file (JSON lines)")
+    p.add_argument(
+        "--client-config", default=None,
+        help="the flags /api/v1/client/config answers, as JSON (fields of tinker's ClientConfigResponse)",
+    )
     asyncio.run(serve(p.parse_args()))
 
 
 class FakeTinker:
     """Starts the fake service in a child process; `base_url` once entered;
-    with `record`, `requests` (`Service.tally_json`) once exited."""
+    with `record`, `requests` (`Service.tally_json`) once exited.
+    `client_config`: the flags its `/api/v1/client/config` answers."""
 
     def __init__(
         self, seed: int = 0, record: Path | str | None = None, timeout: float = 3600.0, faults: str | None = None,
-        capture: Path | str | None = None, latency: str | None = None,
+        capture: Path | str | None = None, latency: str | None = None, client_config: dict[str, Any] | None = None,
     ) -> None:
         self.seed, self.record, self.timeout, self.faults = seed, record, timeout, faults
         self.latency = latency  # a `Latency` SPEC: the service takes time
+        self.client_config = client_config
         self.capture = capture  # a file each request received is appended to (`read_capture`)
         self.requests: dict[str, Any] | None = None
         self.proc: subprocess.Popen[str] | None = None
@@ -875,6 +1062,8 @@ class FakeTinker:
             cmd += ["--latency", self.latency]
         if self.capture is not None:
             cmd += ["--capture", str(self.capture)]
+        if self.client_config:
+            cmd += ["--client-config", json.dumps(self.client_config)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()

@@ -35,6 +35,11 @@ several) and its result in OUT.json (a list with several):
                 VARIANT with rollout_error_tolerance FailFast, RetryOnFailure,
                 MinViableGroup (as --tolerance, per variant)
 
+With --client-config JSON the fake service answers tinker's client config
+with those flags (:class:`support.fake_tinker.FakeTinker`'s ``client_config``:
+``{"sample_use_retrieve_futures": true}``, ``{"use_pyqwest_transport": false}``, ...)
+and serves what they make the client send.
+
 With --faults SPEC (one for all, or one per ";"-separated variant) the
 service answers by a seeded fault schedule (:class:`support.fake_tinker.Faults`);
 a run that raises records its exception's class and the next one runs.
@@ -46,7 +51,8 @@ generation (gc.callbacks), RSS (its peak within the step sampled every 20 ms
 with --soak only: each read of /proc/self/statm costs ~0.3 ms of CPU in a
 process this size); per run the logged metrics, the requests per path the
 service received, what the package installed and what its rollout workers
-reported (tinker_rl_data.cookbook.workers.seen()).
+reported (tinker_rl_data.cookbook.workers.seen()), and (installed) what
+``tinker_rl_data.status()`` printed after the run (``status``).
 """
 
 from __future__ import annotations
@@ -363,7 +369,8 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
             groups_per_batch=groups, num_minibatches=args.minibatches
         )
     with tempfile.TemporaryDirectory() as log_path, FakeTinker(
-        seed=args.seed, record=record, faults=faults, latency=args.latency
+        seed=args.seed, record=record, faults=faults, latency=args.latency,
+        client_config=json.loads(args.client_config) if args.client_config else None,
     ) as fake:
         executor = make_executor(args.executor)
         config = train.Config(
@@ -439,13 +446,14 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
         "error": error,
         "garbage_peak_nodes": Counted.peak,
         "installed": [] if variant == "stock" else [t for t, _ in tinker_rl_data.status().installed],
+        "status": None if variant == "stock" else str(tinker_rl_data.status()),
         "left_to_cookbook": left,
         "workers": _workers.seen(),
         "children_cpu_s": children_cpu() - children_cpu_start,
         "workers_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         "mode": {"executor": args.executor, "async": args.async_, "stream_minibatch": args.stream_minibatch,
                  "batch_scale": args.batch_scale, "garbage": args.garbage,
-                 "latency": args.latency},
+                 "latency": args.latency, "client_config": args.client_config},
     }
     logging.getLogger("tinker_rl_data").removeHandler(left_handler)
     return out
@@ -517,6 +525,11 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         help="the fake service takes time (tests/support/fake_tinker.py Latency: key=value,... or 'on' for its "
         "defaults: 0.5 s + 4 ms per token a sample, 512 at once, results by long polls)",
     )
+    p.add_argument(
+        "--client-config", default=None,
+        help="the flags the fake service's /api/v1/client/config answers, as JSON (fields of tinker's "
+        "ClientConfigResponse, e.g. '{\"sample_use_retrieve_futures\": true}')",
+    )
     p.add_argument("--tolerance", choices=("failfast", "retry", "minviable"), default=None,
                    help="rollout_error_tolerance: FailFast, RetryOnFailure, MinViableGroup (default: the cookbook's)")
     p.add_argument("--rollout-timeout", type=float, default=None, help="per_rollout_timeout of --tolerance")
@@ -541,6 +554,7 @@ def run_flags(args: argparse.Namespace) -> list[str]:
     out += ["--shared-prompt"] if args.shared_prompt else []
     out += ["--faults", args.faults] if args.faults else []
     out += ["--latency", args.latency] if args.latency else []
+    out += ["--client-config", args.client_config] if args.client_config else []
     out += ["--tolerance", args.tolerance] if args.tolerance else []
     out += ["--rollout-timeout", str(args.rollout_timeout)] if args.rollout_timeout else []
     out += ["--soak"] if args.soak else []

@@ -91,7 +91,10 @@ class Feature:
     option values, before the transaction when it is selected;
     ``installed(call)`` after install() (:class:`InstallCall`);
     ``uninstalled()`` after ``cookbook.uninstall()``; ``status()``: lines
-    the report adds while some piece of it is installed; ``worker(start)``:
+    the report adds while some piece of it is installed; ``aside()``: the
+    installed pieces (by :attr:`Piece.where`) that hand every call to the
+    original now, and why (a flag the service sent), for ``status()``;
+    ``worker(start)``:
     in a rollout worker where its pieces went in, once before the first
     rollout (:class:`WorkerStart`), a :class:`WorkerPart` around each
     rollout and for the counters, or None.
@@ -107,6 +110,7 @@ class Feature:
     installed: Callable[[InstallCall], None] | None = None
     uninstalled: Callable[[], None] | None = None
     status: Callable[[], list[str]] | None = None
+    aside: Callable[[], Mapping[str, str]] | None = None
     worker: Callable[[WorkerStart], WorkerPart | None] | None = None
 
     def __post_init__(self) -> None:

@@ -32,6 +32,9 @@ class Entry:
     sites: list[str] = field(default_factory=list)
     why: str = ""
     probe_ms: float | None = None
+    #: Why an installed piece hands each call to the original now (a flag
+    #: the service sent, known once a client fetched it); empty: it works.
+    aside: str = ""
 
 
 @dataclass
@@ -39,8 +42,9 @@ class Report:
     """What an install did (or, from :func:`tinker_rl_data.status`, what is in effect).
 
     ``entries``: per piece, keyed by ``module.name`` (:class:`Entry`), in
-    install order; ``installed`` and ``left`` are read from them: (title,
-    sites replaced) and (title, why it stays out). ``kept``: other modules'
+    install order; ``installed``, ``left`` and ``standing_aside`` are read
+    from them: (title, sites replaced), (title, why it stays out) and
+    (title, why an installed piece hands its calls to the original now). ``kept``: other modules'
     names holding a user's or another library's function, left alone;
     ``features``: (name, description) of each feature, in the report's
     order; ``not_asked``: each feature not selected, and how to say so;
@@ -67,6 +71,12 @@ class Report:
     def installed(self) -> list[tuple[str, list[str]]]:
         """(piece, sites replaced) of each piece installed."""
         return [(e.title, e.sites) for e in self.entries.values() if e.state == IN]
+
+    @property
+    def standing_aside(self) -> list[tuple[str, str]]:
+        """(piece, why) of each installed piece that hands its calls to the
+        original now (:attr:`Entry.aside`)."""
+        return [(e.title, e.aside) for e in self.entries.values() if e.state == IN and e.aside]
 
     @property
     def left(self) -> list[tuple[str, str]]:
@@ -108,7 +118,7 @@ class Report:
                 continue
             older = [e for e in entries if e.state == NOT_FOR_VERSION]
             counted = [e for e in entries if e.state != NOT_FOR_VERSION]
-            n_in = sum(e.state == IN for e in counted)
+            n_in = sum(e.state == IN and not e.aside for e in counted)  # a piece standing aside is not on
             if not counted:
                 lines.append(f"  {feature:<9} {'not for this version':<22} {what}: {older[0].why}")
                 continue
@@ -116,6 +126,7 @@ class Report:
             note = f" ({len(older)} not for this version)" if older else ""
             lines.append(f"  {feature:<9} {f'{state}, {n_in} of {len(counted)}':<22} {what}{note}")
             lines.extend(f"      {e.title}: {e.why}" for e in counted if e.state != IN)
+            lines.extend(f"      {e.title}: stands aside: {e.aside}" for e in counted if e.state == IN and e.aside)
         lines.extend(f"  {e.title}: {e.why}" for e in self.entries.values() if not e.feature)  # a whole package missing
         names = {feature for feature, _ in self.features}
         pieces = [s for s in self.skipped if s not in names]
@@ -132,6 +143,8 @@ class Report:
         for e in self.entries.values():
             if e.state == IN:
                 lines.append(f"  in    {e.title}" + (f" ({e.probe_ms:.0f} ms)" if e.probe_ms is not None else ""))
+                if e.aside:
+                    lines.append(f"          stands aside: {e.aside}")
                 lines.extend(f"          {site}" for site in e.sites)
         lines.extend(f"  out   {title}: {why}" for title, why in self.left)
         lines.extend(f"  kept  {name} (holds another function)" for name in self.kept)

@@ -103,6 +103,10 @@ def status() -> Report:
         report.features.append((feature.name, feature.description))
         if feature.status is not None:
             report.notes.extend(feature.status())
+        if feature.aside is not None:
+            for where, why in feature.aside().items():
+                if where in report.entries:
+                    report.entries[where].aside = why
     return report
 
 

@@ -40,7 +40,8 @@ the ``_APIFuture`` polling loop (``try_again``, ``complete_metadata``, 410,
 the 45 s long poll), telemetry.
 
 A request goes to tinker's own ``post`` unless the client is one ours
-reproduces: tinker's default httpx client over ``AsyncPyqwestTransport``,
+reproduces (the one check, :meth:`_Lane.open` and :meth:`_Lane.ready`):
+tinker's default httpx client over ``AsyncPyqwestTransport``,
 no mounted or environment proxy, no event hooks, no cookies, a static API
 key (not a JWT, not a credential command), the base methods of
 ``AsyncAPIClient`` and ``httpx.AsyncClient`` for building and sending (on
@@ -50,7 +51,13 @@ instance's methods, logging and the transport are checked per request (the
 server can set a cookie; the server's ``use_pyqwest_transport`` flag picks
 the transport per client); a change to the client's defaults (tinker's or
 its httpx client's headers and query, its timeout, also changed in place)
-drops the templates made before it. The install probe (:func:`probe_post`) sends the same calls
+drops the templates made before it. A service that turns pyqwest off
+(``use_pyqwest_transport: false`` in its client config) gives every client
+tinker makes for it httpx's own transport, so that check sends none of their
+requests lean: the service's answer is seen when it passes through ``post``
+(the config is fetched as the first client is made, before any step
+request), and ``status()`` says from then on that the two lean pieces stand
+aside (:func:`aside`). The install probe (:func:`probe_post`) sends the same calls
 through tinker's ``post`` and ours on two clients whose transport records
 instead of sending, and compares the requests and what the callers get
 (answers, HTTP errors, connection errors, timeouts, a retried 5xx).
@@ -379,7 +386,7 @@ def make_post(original: Callable[..., Any]) -> Callable[..., Any]:
             route = await _route(self, path, options)
             if route is not None:
                 return await _send(self, *route, path, cast_to, body, options)
-        return await original(
+        answer = await original(
             self,
             path,
             cast_to=cast_to,
@@ -390,10 +397,39 @@ def make_post(original: Callable[..., Any]) -> Callable[..., Any]:
             stream=stream,
             stream_cls=stream_cls,
         )
+        if path == _CLIENT_CONFIG_PATH:
+            _saw_client_config(self, answer)
+        return answer
 
     _switches.append(state)
     _made_posts.add(post)
     return post
+
+
+_CLIENT_CONFIG_PATH = "/api/v1/client/config"
+PYQWEST_OFF = "the service turned pyqwest off (use_pyqwest_transport: false)"
+# Per service (base URL): whether its client config left pyqwest on.
+_pyqwest_by_service: dict[str, bool] = {}
+
+
+def _saw_client_config(client: Any, answer: Any) -> None:
+    """Keeps the service's ``use_pyqwest_transport`` from its client config
+    (tinker's ``ClientConfigResponse``; anything else is not read)."""
+    flag = getattr(answer, "use_pyqwest_transport", None)
+    if type(flag) is bool:
+        _pyqwest_by_service[str(client.base_url)] = flag
+
+
+def aside() -> dict[str, str]:
+    """The feature's ``aside`` hook: the lean pieces (post and the future
+    polls), and why, once a service this process's clients asked turned
+    pyqwest off; the third piece (futures freed when dropped) does not
+    depend on the transport."""
+    off = [url for url, on in _pyqwest_by_service.items() if not on]
+    if not off:
+        return {}
+    why = PYQWEST_OFF if len(off) == len(_pyqwest_by_service) else f"{PYQWEST_OFF} at {', '.join(off)}"
+    return {piece.where: why for piece in _LEAN}
 
 
 # Each client's lane (None: a client ours does not reproduce).
@@ -1222,4 +1258,6 @@ PIECES = (
     ),
 )
 
-FEATURE = features.register(__name__, Feature("transport", "tinker's step requests sent lean", PIECES))
+_LEAN = PIECES[:2]  # post and the future polls: what goes over pyqwest
+
+FEATURE = features.register(__name__, Feature("transport", "tinker's step requests sent lean", PIECES, aside=aside))
