@@ -70,7 +70,7 @@ def make_model_dump(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def model_dump(model: Any, *args: Any, **kwargs: Any) -> Any:
-        if type(model) is request_class and not args and kwargs == ASAMPLE_ARGS:
+        if parts is not None and type(model) is request_class and not args and kwargs == ASAMPLE_ARGS:
             note(model, parts)
             body = encode(model, parts)
             if body is not None:
@@ -112,10 +112,10 @@ class Mergeable:
             or getattr(request.sampling_params, "seed", None) is not None
         ):
             return
-        key = _core.sample_prompt_key(request.prompt, request.sampling_params, parts)
-        if key is None:
+        prompt_key = _core.sample_prompt_key(request.prompt, request.sampling_params, parts)
+        if prompt_key is None:
             return
-        key = (request.sampling_session_id, key)
+        key = (request.sampling_session_id, prompt_key)
         with self.lock:
             self.requests += 1
             merged = self.recent.pop(key, 0)
