@@ -69,7 +69,8 @@ def left_to(original: Callable[..., Any], what: str, why: Exception | str) -> Ca
         _logged.add((what, reason))
     if new:
         logger.info("tinker_rl_data: %s left to the original function: %s", what, reason)
-    if getattr(original, "_looked_up_when_called", False):  # current(): its error says why it was needed
+    # current(): its error says why it was needed (`is True`: a mock answers any attribute)
+    if getattr(original, "_looked_up_when_called", False) is True:
         return functools.partial(original, _why=str(why))
     return original
 

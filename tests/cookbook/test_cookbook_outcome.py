@@ -270,6 +270,7 @@ WRAPPERS = {
     "decorator": timed,
     "partial": functools.partial,
     "mock": lambda f: mock.Mock(wraps=f),
+    "side_effect": lambda f: mock.MagicMock(side_effect=f),
 }
 
 

@@ -462,9 +462,9 @@ def test_status_says_what_coalescing_would_have_sent_for_groups_of_one_prompt():
     assert coalesced["sent"] < plain["sent"]
     hints = [n for n in plain["notes"] if n.startswith("sampling:")]
     assert hints == [
-        f"sampling: {plain['sent']} requests of one sample, {plain['sent'] - coalesced['sent']} of them with the "
-        f"prompt and parameters of another sent together: coalesced sampling would have sent about "
-        f"{coalesced['sent']} (install(coalesce=True), or the launcher's --coalesce)"
+        f"sampling: of {plain['sent']} requests of one sample, {plain['sent'] - coalesced['sent']} went out with the "
+        f"prompt and parameters of another: coalesced sampling would have sent about {coalesced['sent']} of them "
+        "(install(coalesce=True), or the launcher's --coalesce)"
     ]
 
 
@@ -487,3 +487,28 @@ def test_status_says_nothing_of_coalescing_where_no_prompt_repeats():
     ):
         counter.note(request, parts)
     assert counter.counts() == {"single_sample_requests": 5, "coalescing_would_send": 5}
+
+
+def test_the_coalescing_estimate_counts_requests_made_together_and_only_the_first():
+    import time
+
+    from tinker_rl_data.tinker.sample import Mergeable
+
+    parts = sampling._parts()
+    params = types.SamplingParams(max_tokens=8, temperature=1.0)
+    request = types.SampleRequest(
+        sampling_session_id="s", seq_id=0, num_samples=1, prompt=types.ModelInput.from_ints([9, 1]), sampling_params=params
+    )
+    counter = Mergeable()
+    counter.TOGETHER = 0.01
+    counter.note(request, parts)
+    time.sleep(0.05)  # awaited one after the other: coalescing would not merge them
+    counter.note(request, parts)
+    assert counter.counts() == {"single_sample_requests": 2, "coalescing_would_send": 2}
+    counter.note(request, parts)  # at once after the last: one request
+    assert counter.counts() == {"single_sample_requests": 3, "coalescing_would_send": 2}
+    counter.OBSERVED = 5
+    for _ in range(10):
+        counter.note(request, parts)
+    assert counter.counts()["single_sample_requests"] == 5
+    assert all(type(key) is int for key in counter.runs)  # hashes, not the prompts' bytes

@@ -419,7 +419,8 @@ def _module_function(name: str) -> Callable[[], Callable[..., Any] | None]:
         except Exception:  # not installed, or its torch or tinker does not import
             return None
         held = getattr(module, name, None)
-        if getattr(held, _INSTALLED, False) or getattr(held, "__globals__", None) is vars(module):
+        # (`is True`: a mock answers any attribute with a truthy mock)
+        if getattr(held, _INSTALLED, False) is True or getattr(held, "__globals__", None) is vars(module):
             return held
         copy = _private_copy()
         return getattr(copy, name, None) if copy is not None else None

@@ -19,25 +19,19 @@ from typing import Any, Callable
 
 
 class Calls(threading.local):
-    """One thread's import calls in progress through the hooks, and whether
-    its outermost one began before the install did."""
+    """One thread's import calls in progress through the hooks."""
 
     depth = 0
-    began_watching = False
 
 
-def counted(
-    original: Callable[..., Any], calls: Calls, watching: Callable[[], bool], returned: Callable[[bool], None]
-) -> Callable[..., Any]:
+def counted(original: Callable[..., Any], calls: Calls, returned: Callable[[], None]) -> Callable[..., Any]:
     """``original`` (``__import__`` or ``import_module``) as it is, to its
     caller: the same arguments, result and exception; ``inspect.signature``
     and ``help`` see the original (``__wrapped__``). When a thread's outermost
-    call ends (returning or raising), ``returned(began_watching)`` runs."""
+    call ends (returning or raising), ``returned()`` runs."""
 
     def hook(*args: Any, **kwargs: Any) -> Any:
         depth = calls.depth
-        if not depth:
-            calls.began_watching = watching()
         calls.depth = depth + 1
         try:
             return original(*args, **kwargs)
@@ -51,7 +45,7 @@ def counted(
         finally:
             calls.depth = depth
             if not depth:
-                returned(calls.began_watching)
+                returned()
 
     for name in ("__module__", "__name__", "__qualname__", "__doc__"):
         setattr(hook, name, getattr(original, name, None))

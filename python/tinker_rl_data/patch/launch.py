@@ -128,11 +128,11 @@ class _Watch:
 
     The hooks (:mod:`._importlib_bootstrap_watch`) count each thread's
     import calls; the thread whose outermost call ends first installs, with
-    the hooks taken off (the exact originals back) before it starts. Another
-    thread whose import began before the install did waits for it at its
-    own import's return, so it uses none of tinker before the pieces are in;
-    one that begins an import while the install runs does not (the hooks
-    are off by then). A load the hooks do not see (a loader called by hand,
+    the hooks taken off (the exact originals back) before it starts. Other
+    threads never wait for it (a thread waiting would hold its own locks,
+    a logging handler's say, which the install may need): one that uses
+    tinker while the install runs in another uses tinker's own code until
+    the pieces are in, as with ``install()`` called in one thread. A load the hooks do not see (a loader called by hand,
     ``importlib._bootstrap._gcd_import``, an extension's import): the
     install runs at the end of the thread's next import call made holding
     no import lock. A package already imported (a ``.pth`` file's import),
@@ -145,7 +145,6 @@ class _Watch:
         self.install = install
         self.state = _IDLE
         self.lock = threading.Lock()
-        self.finished = threading.Event()
         self.calls = hooks.Calls()
         self.hooked: list[tuple[Any, str, Any, Any]] = []
         self.program: types.ModuleType | None = None
@@ -160,15 +159,12 @@ class _Watch:
         self.state = _WATCHING
         for holder, name in ((builtins, "__import__"), (importlib, "import_module")):
             original = getattr(holder, name)
-            hook = hooks.counted(original, self.calls, self._watching, self._returned)
+            hook = hooks.counted(original, self.calls, self._returned)
             setattr(holder, name, hook)
             self.hooked.append((holder, name, original, hook))
         atexit.register(self._never)
 
-    def _watching(self) -> bool:
-        return self.state == _WATCHING
-
-    def _returned(self, began_watching: bool) -> None:
+    def _returned(self) -> None:
         """A thread's outermost import call has ended (returned or raised)."""
         if self.state == _DONE:
             return
@@ -183,18 +179,15 @@ class _Watch:
                 self._unhook()
                 self._install()
                 return
-        # Installing in another thread: this one's import began before (and
-        # may be of tinker): it goes on once the pieces are in. A thread the
-        # install itself starts (a probe's) began its calls after: it never waits.
-        if began_watching and not _holds_import_lock():
-            self.finished.wait()
+        # Installing in another thread: this one goes on without waiting for
+        # it. A wait here would hold whatever this thread holds (a logging
+        # handler's lock, a lock of the program's) while the install may need it.
 
     def _install(self) -> None:
         try:
             self.install()
         finally:
             self.state = _DONE
-            self.finished.set()
 
     def _unhook(self) -> None:
         for holder, name, original, hook in self.hooked:

@@ -24,10 +24,10 @@ against the installed tinker before it is used.
 
 from __future__ import annotations
 
-import collections
 import functools
 import json
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any, Callable, List, Optional, Sequence, Union
 
@@ -81,27 +81,30 @@ def make_model_dump(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class Mergeable:
-    """Counts the ``asample`` requests of one sample each (no seed, no
-    prompt logprobs, top-k, target logprobs or alternative tokens: what
-    coalesced sampling merges) and, of those, the ones coalescing would have
-    joined to an earlier request: the same sampling session, prompt and
-    sampling parameters (the core's key, as coalescing's) as one of the
-    last :data:`WINDOW` such requests, up to 64 requests in one. An
-    estimate of what ``install(coalesce=True)`` saves, which merges calls
-    made together (a group's first turn): the window stands for
-    "together"."""
+    """What coalesced sampling would have saved, from the first
+    :data:`OBSERVED` ``asample`` requests of one sample each (no seed, no
+    prompt logprobs, top-k, target logprobs or alternative tokens: what it
+    merges) this process sends: of those, the ones made within
+    :data:`TOGETHER` seconds of the first of a run of requests with the same
+    sampling session, prompt and sampling parameters (the core's key, as
+    coalescing's), up to 64 to a run: a group's first turn, whose calls
+    coalescing would have sent as one. Only the first requests are read, so
+    the count costs nothing once a run is under way, and only a hash of each
+    key is kept (a prompt's images are not)."""
 
-    WINDOW = 4096
+    OBSERVED = 4096
+    TOGETHER = 0.5  # seconds: a service answers a sample later than that
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.requests = 0  # requests of one sample
+        self.requests = 0  # requests of one sample, observed
         self.joined = 0  # of those, the ones coalescing would have joined to another
-        self.recent: collections.OrderedDict[tuple[Any, bytes], int] = collections.OrderedDict()
+        self.runs: dict[int, tuple[float, int]] = {}  # key's hash -> (first request's time, requests)
 
     def note(self, request: Any, parts: SimpleNamespace) -> None:
         if (
-            getattr(_probing, "on", False)  # the probe's own requests
+            self.requests >= self.OBSERVED
+            or getattr(_probing, "on", False)  # the probe's own requests
             or request.num_samples != 1
             or request.prompt_logprobs
             or request.topk_prompt_logprobs
@@ -115,17 +118,18 @@ class Mergeable:
         prompt_key = _core.sample_prompt_key(request.prompt, request.sampling_params, parts)
         if prompt_key is None:
             return
-        key = (request.sampling_session_id, prompt_key)
+        key = hash((request.sampling_session_id, prompt_key))
+        now = time.monotonic()
         with self.lock:
-            self.requests += 1
-            merged = self.recent.pop(key, 0)
-            if 0 < merged < 64:
-                self.joined += 1
-                self.recent[key] = merged + 1
+            if self.requests >= self.OBSERVED:
                 return
-            self.recent[key] = 1
-            if len(self.recent) > self.WINDOW:
-                self.recent.popitem(last=False)
+            self.requests += 1
+            first, count = self.runs.get(key, (0.0, 0))
+            if count and count < 64 and now - first <= self.TOGETHER:
+                self.joined += 1
+                self.runs[key] = (first, count + 1)
+            else:
+                self.runs[key] = (now, 1)
 
     def counts(self) -> dict[str, int]:
         with self.lock:
@@ -134,7 +138,7 @@ class Mergeable:
     def reset(self) -> None:
         with self.lock:
             self.requests = self.joined = 0
-            self.recent.clear()
+            self.runs.clear()
 
 
 #: What this process's ``asample`` bodies say coalescing would save.
@@ -143,16 +147,17 @@ _probing = threading.local()
 
 
 def coalescing_hint() -> list[str]:
-    """The wire feature's report line: where requests of one sample had the
-    same prompt and parameters (a group's first turn) and coalesced
-    sampling would have sent fewer, how many."""
+    """The wire feature's report line: where requests of one sample with
+    the same prompt and parameters went out together (a group's first turn)
+    and coalesced sampling would have sent fewer, how many."""
     counts = MERGEABLE.counts()
     sent, would = counts["single_sample_requests"], counts["coalescing_would_send"]
     if would >= sent:
         return []
+    first = "" if sent < Mergeable.OBSERVED else "the first "
     return [
-        f"sampling: {sent} requests of one sample, {sent - would} of them with the prompt and parameters of "
-        f"another sent together: coalesced sampling would have sent about {would} "
+        f"sampling: of {first}{sent} requests of one sample, {sent - would} went out with the prompt and "
+        f"parameters of another: coalesced sampling would have sent about {would} of them "
         "(install(coalesce=True), or the launcher's --coalesce)"
     ]
 
