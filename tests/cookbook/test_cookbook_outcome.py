@@ -353,6 +353,24 @@ def test_a_nested_one_shot_iterator_is_never_read_twice(where, route):
             assert any("one-shot iterator" in note for note in refused[1].__notes__)
 
 
+@pytest.mark.parametrize("tokens", [[2, 3], [2, 2**31]], ids=["tokens", "a token 2**31"])
+def test_action_tokens_in_a_generator_are_the_cookbooks_type_error(tokens, route):
+    # The cookbook takes their length: any iterator fails there, whatever it
+    # holds; ours leaves it to the cookbook unread (before: Datums, or our
+    # ValueError for 2**31).
+    def traj():
+        ac = TokensWithLogprobs(tokens=[0], maybe_logprobs=[-0.5] * len(tokens), sequence_id="s")
+        object.__setattr__(ac, "tokens", (t for t in tokens))
+        return Trajectory(transitions=[acted(ob(text(1)), ac)], final_ob=ob())
+
+    theirs = outcome(ORIGINALS["trajectory_to_data"], traj(), 0.5)
+    assert theirs[0] == "raised" and type(theirs[1]) is TypeError, theirs
+    for module in route():
+        mine = outcome(module.trajectory_to_data, traj(), 0.5)
+        assert mine[0] == "raised" and type(mine[1]) is TypeError, mine
+        assert str(mine[1]) == str(theirs[1])
+
+
 def test_an_input_the_cookbook_reads_otherwise_in_a_one_shot_iterator_is_a_type_error(route):
     theirs = outcome(ORIGINALS["trajectory_to_data"], one_shot("transitions", [2, np.int64(3)]), 0.5)
     assert theirs[0] == "raised"

@@ -36,6 +36,13 @@ thread_local! {
     static ONE_SHOT_READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
+/// Whether `obj` is its own iterator (a generator, `iter(list)`, `map`):
+/// read once, it is gone.
+pub fn is_one_shot(obj: &Bound<'_, PyAny>) -> bool {
+    // SAFETY: `obj` is held alive; the check reads its type's slots.
+    unsafe { ffi::PyIter_Check(obj.as_ptr()) != 0 }
+}
+
 /// How many one-shot iterators this thread has read as sequences so far.
 pub fn one_shot_reads() -> u64 {
     ONE_SHOT_READS.with(std::cell::Cell::get)
@@ -135,8 +142,7 @@ impl<'py> Items<'py> {
         if obj.is_instance_of::<PyString>() {
             return Err(not_a_sequence(obj, what, at));
         }
-        // SAFETY: `obj` is held alive; the check reads its type's slots.
-        if unsafe { ffi::PyIter_Check(obj.as_ptr()) } != 0 {
+        if is_one_shot(obj) {
             ONE_SHOT_READS.with(|n| n.set(n.get() + 1));
         }
         match obj.try_iter() {

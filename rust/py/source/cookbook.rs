@@ -23,7 +23,7 @@ use crate::errors::{ErrorKind, InputError, Location, StepName};
 use crate::plan::{Element, Keep, Merge, Row, Segment, TurnSpan};
 use crate::py::build::{Column, Dtype, FilledColumns, LossInput, LossKey, MetadataKind};
 use crate::py::errors::unsupported;
-use crate::py::read::{any_real, attr, type_name, Item, ItemKind, Items, MAX_TOKEN};
+use crate::py::read::{any_real, attr, is_one_shot, type_name, Item, ItemKind, Items, MAX_TOKEN};
 use crate::py::source::ints::Role;
 use crate::py::source::{ClosedBefore, FrontDoor, Place, Provenance, RowRule, RowView, TrajectoryIn};
 
@@ -152,7 +152,7 @@ impl<'py> Cookbook<'py> {
             out.ints.begin_turn(start);
             self.read_observation(&transition, at, out)?;
             let ac = attr(&transition, intern!(py, "ac"), at)?;
-            let tokens = Items::of_attr(&ac, intern!(py, "tokens"), "ac.tokens", ItemKind::Token, at)?;
+            let tokens = self.action_tokens(&ac, at)?;
             let mid = out.plain.elements.len();
             let elements = &mut out.plain.elements;
             let not_int = out
@@ -414,7 +414,18 @@ impl<'py> FrontDoor<'py> for Cookbook<'py> {
     }
 }
 
-impl Cookbook<'_> {
+impl<'py> Cookbook<'py> {
+    /// `ac.tokens`; in [`Cookbook::exact`] mode, a one-shot iterator is left
+    /// to the cookbook unread (it takes their length: any iterator fails).
+    fn action_tokens(&self, ac: &Bound<'py, PyAny>, at: Location) -> PyResult<Items<'py>> {
+        let tokens = attr(ac, intern!(ac.py(), "tokens"), at)?;
+        if self.exact && is_one_shot(&tokens) {
+            let message = format!("{at}: ac.tokens is a {}, not a sequence", type_name(&tokens));
+            return Err(unsupported(message));
+        }
+        Items::of(&tokens, "ac.tokens", ItemKind::Token, at)
+    }
+
     /// In [`Cookbook::exact`] mode, a token that is no `int` (the cookbook
     /// takes it for a chunk, which tinker's `ModelInput` refuses) leaves the
     /// batch to the cookbook's own function.
