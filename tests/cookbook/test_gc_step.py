@@ -482,19 +482,7 @@ def test_gc_functions_bound_before_or_kept_after_the_loop_act_as_cpython_s():
             if i == 1:
                 bound_before(20_000)
 
-        module, seen = fake_train_module(collector, steps=3)
-        inner = module.do_train_step_and_get_sampling_client
-
-        async def step(i):
-            in_step(i)
-            return await inner(i)
-
-        module.do_train_step_and_get_sampling_client = step
-        undo = held(collector, module) if collector is not None else (lambda: None)
-        try:
-            asyncio.run(module.do_sync_training())
-        finally:
-            undo()
+        loop_with(collector, 3, in_step)
         after_loop = gc.get_threshold()
         kept["set"](900, 4)
         return after_loop, kept["get"](), gc.get_threshold(), gc_functions_are_cpython_s()
@@ -524,19 +512,7 @@ def test_a_freeze_after_the_renewal_s_batch_partly_died_stays(monkeypatch):
                 del batch["objects"][:10_000]
                 gc.freeze()
 
-        module, seen = fake_train_module(collector, steps=3)
-        inner = module.do_train_step_and_get_sampling_client
-
-        async def step(i):
-            in_step(i)
-            return await inner(i)
-
-        module.do_train_step_and_get_sampling_client = step
-        undo = held(collector, module) if collector is not None else (lambda: None)
-        try:
-            asyncio.run(module.do_sync_training())
-        finally:
-            undo()
+        loop_with(collector, 3, in_step)
         frozen = frozen_by_program()
         gc.unfreeze()
         return frozen
@@ -594,7 +570,9 @@ class CallInFlight:
 WAIT = 30.0  # never reached: each wait ends as soon as the other side acts
 
 
-def loop_with(collector: StepCollector, steps: int, in_step: Callable[[int], None]) -> None:
+def loop_with(collector: StepCollector | None, steps: int, in_step: Callable[[int], None]) -> None:
+    """A loop of ``steps`` whose step ``i`` first runs ``in_step(i)``, held
+    by ``collector`` (None: as without the collector)."""
     module, seen = fake_train_module(collector, steps=steps)
     inner = module.do_train_step_and_get_sampling_client
 
@@ -603,7 +581,7 @@ def loop_with(collector: StepCollector, steps: int, in_step: Callable[[int], Non
         return await inner(i)
 
     module.do_train_step_and_get_sampling_client = step
-    undo = held(collector, module)
+    undo = held(collector, module) if collector is not None else (lambda: None)
     try:
         asyncio.run(module.do_sync_training())
     finally:
