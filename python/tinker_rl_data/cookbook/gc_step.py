@@ -47,13 +47,15 @@ step), the gc module's ``set_threshold``, ``get_threshold``, ``disable``,
 ``gc.get_threshold()`` shows the program's thresholds (as CPython would
 hold them after the program's own calls), never the policy's; a
 ``gc.set_threshold()`` (1, 2 or 3 arguments: CPython merges it into the
-program's thresholds, put in force first), ``gc.disable()``,
-``gc.freeze()`` or ``gc.unfreeze()`` makes the policy step aside for the
-rest of the loop (one log line) with the program's settings in force, the
-call made as CPython makes it (a freeze takes this module's frozen objects
-in: they are the program's from then; an unfreeze takes them out); a
-``gc.enable()`` changes nothing of the policy (the collector is on while it
-holds). ``gc.collect()`` collects as it would (and restarts the count).
+program's thresholds, put in force first), ``gc.freeze()`` or
+``gc.unfreeze()`` makes the policy step aside for the rest of the loop (one
+log line) with the program's settings in force, the call made as CPython
+makes it (a freeze takes this module's frozen objects in: they are the
+program's from then; an unfreeze takes them out). ``gc.disable()`` and
+``gc.enable()`` are CPython's: a pause the program ends itself inside a step
+(ray's serialization, ``timeit``) leaves the policy as it was; a collector
+the program left off at a step's end makes the policy step aside then.
+``gc.collect()`` collects as it would (and restarts the count).
 When the policy ends (the loop returns or raises, :meth:`StepCollector.restore`,
 ``uninstall()``, a fork in the child, stepping aside), the gc module's
 functions are the very objects it had again; ours, wherever the program
@@ -552,16 +554,18 @@ class StepCollector:
                 return originals["set_threshold"](*args, **kwargs)  # type: ignore[no-any-return]
 
         def disable() -> None:
-            with self._lock:
-                if not live[0]:
-                    return theirs("disable", disable)()  # type: ignore[no-any-return]
-                self._step_aside("the program turned the collector off (gc.disable())")
-                originals["disable"]()
-                _tell_native_calls(False)
+            # No stepping aside here: a pause the program ends itself
+            # (gc.disable() ... gc.enable() around a stretch, as ray's and
+            # timeit's are) leaves the policy as it was; a collector still
+            # off at the step's end makes it step aside then.
+            if not live[0]:
+                return theirs("disable", disable)()  # type: ignore[no-any-return]
+            originals["disable"]()
+            _tell_native_calls(False)
 
         def enable() -> None:
-            # The collector is on while the policy holds: nothing to step
-            # aside for (a native call in flight puts it back on at its end).
+            # The program's own pause ends (a native call in flight puts the
+            # collector back on at its end).
             if not live[0]:
                 return theirs("enable", enable)()  # type: ignore[no-any-return]
             originals["enable"]()
