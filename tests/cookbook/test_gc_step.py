@@ -975,3 +975,23 @@ def test_one_step_end_when_a_user_s_hook_is_around_ours():
     module.do_train_step_and_get_sampling_client = functools.wraps(ours2)(hook)
     asyncio.run(collector2.wrap_loop(module.do_sync_training)(2))
     assert collector2.stats.step_ends_added == 0 and collector2.stats.step_collections == 2
+
+
+def test_a_pause_the_program_ends_inside_a_step_leaves_the_policy_held():
+    # gc.disable() ... gc.enable() around a stretch (ray's serialization in
+    # the driver, timeit): the policy goes on (the Ray executor's driver held
+    # no step before 4b85707); a pause left on at the step's end steps it aside.
+    def paused(i: int) -> None:
+        gc.disable()
+        gc.enable()
+
+    collector = StepCollector()
+    loop_with(collector, 3, paused)
+    assert (collector.stats.steps, collector.stats.stepped_aside) == (3, "")
+    collector = StepCollector()
+    try:
+        loop_with(collector, 3, lambda i: gc.disable() if i == 1 else None)
+        assert collector.stats.steps == 1 and "gc.disable()" in collector.stats.stepped_aside
+        assert not gc.isenabled()  # the program's, after the loop
+    finally:
+        gc.enable()
