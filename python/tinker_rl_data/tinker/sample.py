@@ -135,11 +135,6 @@ class Mergeable:
         with self.lock:
             return {"single_sample_requests": self.requests, "coalescing_would_send": self.requests - self.joined}
 
-    def reset(self) -> None:
-        with self.lock:
-            self.requests = self.joined = 0
-            self.runs.clear()
-
 
 #: What this process's ``asample`` bodies say coalescing would save.
 MERGEABLE = Mergeable()
