@@ -120,6 +120,7 @@ def main() -> None:
     p.add_argument("--out", required=True, help="prof.txt (raw stacks) is written here")
     p.add_argument("--rate", type=int, default=50, help="samples per second")
     p.add_argument("--summarize", action="store_true", help="only summarize the existing prof.txt")
+    p.add_argument("--gil", action="store_true", help="only the thread holding the GIL (py-spy --gil): where CPU goes, not waits")
     args, run = p.parse_known_args()
     raw = Path(args.out).with_suffix(".txt")
     if args.summarize:
@@ -127,7 +128,7 @@ def main() -> None:
         return
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [spy, "record", "-r", str(args.rate), "-f", "raw", "-o", str(raw), "--"]
+        cmd = [spy, "record", "-r", str(args.rate), "-f", "raw", "-o", str(raw), *(["--gil"] if args.gil else []), "--"]
         cmd += [sys.executable, str(RUNNER), *run, "--record", f"{tmp}/record", "--out", f"{tmp}/run.json"]
         subprocess.run(cmd, check=True)
     print(summarize(raw))

@@ -53,6 +53,7 @@ _WIRE = [
     ("request futures freed when dropped", "tinker.lib.internal_client_holder",
      "InternalClientHolder.run_coroutine_threadsafe", "transport"),
 ]
+_SAMPLE_PATH = [("sample calls run lean", "tinker", "SamplingClient.sample", "transport")]  # tinker 0.38.0 and later
 _DATA = [
     (name, _RL + "data_processing", name, "data")
     for name in ("compute_advantages", "assemble_training_data", "trajectory_to_data", "remove_constant_reward_groups")
@@ -95,8 +96,8 @@ _SIGNAL = [("asyncio.run, no repr of its result (signal._int_to_enum)", "signal"
 _WORKERS = [("rollout workers install too", _RL + "rollouts", "_run_rollout_sync", "workers")]
 _WORKERS += _SIGNAL if signal_reprs_handlers() else []
 EXPECTED = {
-    "0.6.1": [*_WIRE, *_DATA, *_STEP_BOTH, *_STEP_0_6, *_KL_0_6, *_GC, *_WORKERS],
-    "0.5.8": [*_WIRE, *_DATA, *_STEP_BOTH, *_GC, *_WORKERS],
+    "0.6.1": [*_WIRE, *_SAMPLE_PATH, *_DATA, *_STEP_BOTH, *_STEP_0_6, *_KL_0_6, *_GC, *_WORKERS],
+    "0.5.8": [*_WIRE, *_DATA, *_STEP_BOTH, *_GC, *_WORKERS],  # with tinker 0.36.0: no sample path piece
 }
 PRESENT = EXPECTED.get(tinker_cookbook.__version__, EXPECTED["0.6.1"])
 PRESENT_TITLES = [title for title, *_ in PRESENT]

@@ -201,6 +201,10 @@ def _plan(piece: Piece, report: Report) -> _Plan:
         if holder is None:
             break
     original = None if holder is None else vars(holder).get(attr)
+    for record in _installed.values():  # another feature's piece of ours holds the name: ours goes over it
+        if original is not None and record.ours is original:
+            original = record.original
+            break
     found = report.versions.get(piece.package)
     older = bool(piece.since) and release(found) < release(piece.since)
     if original is None:

@@ -72,7 +72,7 @@ from typing import Any, Callable
 from .. import _core, features
 from ..patch.feature import Feature, WorkerPart, WorkerStart
 from ..patch.piece import Piece, ProbeFailed
-from . import futures
+from . import futures, sample_path
 from . import sample as sampling
 
 __all__ = ["MAX_MERGE", "PIECES", "counts", "make_sample", "probe_sample", "reset_counts"]
@@ -124,6 +124,7 @@ def make_sample(original: Callable[..., Any], max_merge: int = MAX_MERGE) -> Cal
         raise ValueError(f"max_merge must be 1 or more, got {max_merge}")
     parts = sampling._parts()
     key_of = _core.sample_prompt_key
+    below = sample_path.beneath(original)  # the sample path a call or a merged request takes
     # Open batches by (client, loop, prompt and params JSON); a batch leaves
     # when it is sent, so an id is not reused while its entry lives.
     pending: dict[tuple[int, int, bytes], _Batch] = {}
@@ -164,7 +165,7 @@ def make_sample(original: Callable[..., Any], max_merge: int = MAX_MERGE) -> Cal
             if loop is not None:
                 key = key_of(prompt, sampling_params, parts)
         if key is None or loop is None:
-            return original(
+            return below(
                 self,
                 prompt,
                 num_samples,
@@ -181,7 +182,7 @@ def make_sample(original: Callable[..., Any], max_merge: int = MAX_MERGE) -> Cal
             batch = pending.get(slot)
             caller = batch.join(max_merge) if batch is not None else None
             if caller is None:
-                batch = _Batch(original, pending, slot, self, prompt, sampling_params)
+                batch = _Batch(below, pending, slot, self, prompt, sampling_params)
                 caller = batch.join(max_merge)
                 assert caller is not None  # a new batch takes one caller at least
                 pending[slot] = batch

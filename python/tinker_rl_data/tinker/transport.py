@@ -86,7 +86,7 @@ from typing import Any, Callable
 from .. import features, switches
 from ..patch.feature import Feature
 from ..patch.piece import Piece, check
-from . import futures
+from . import futures, sample_path
 
 __all__ = ["PATHS", "PIECES", "make_fetch", "make_post", "probe_fetch", "probe_post"]
 
@@ -477,11 +477,7 @@ async def _send(
     With ``answer_only``, a raw request's plain 2xx answer (no cookie, no
     encoding) comes back as an :class:`_Answer` (the future polls read no
     more of it), else as tinker's ``AsyncAPIResponse``."""
-    import httpx
-    from httpx._client import ClientState
-    from pyqwest import Headers
-    from tinker import _exceptions
-
+    httpx, ClientState, Headers, _exceptions = _late()
     _sent[0] += 1
     headers = options.get("headers") or {}
     content = body if type(body) is bytes else _httpx_json(body)
@@ -572,6 +568,18 @@ async def _send(
             raise client._make_status_error_from_response(full) from None
         raise AssertionError(f"httpx raised no status error for a {status}")  # it raises for each but 2xx
     raise AssertionError("could not resolve response (should never happen)")
+
+
+@functools.cache
+def _late() -> tuple[Any, Any, Any, Any]:
+    """What :func:`_send` uses of httpx, pyqwest and tinker, imported once
+    (at the first request: the module imports none of them)."""
+    import httpx
+    from httpx._client import ClientState
+    from pyqwest import Headers
+    from tinker import _exceptions
+
+    return httpx, ClientState, Headers, _exceptions
 
 
 # Requests sent lean in this process (the probe checks its calls were).
@@ -1256,6 +1264,7 @@ PIECES = (
         spread=False,
         label="request futures freed when dropped",
     ),
+    *sample_path.PIECES,
 )
 
 _LEAN = PIECES[:2]  # post and the future polls: what goes over pyqwest

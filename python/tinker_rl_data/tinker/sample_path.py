@@ -1,0 +1,463 @@
+"""``SamplingClient.sample``: tinker's sample path, run lean.
+
+tinker 0.38's ``sample()`` wraps one request in layers, each per call: the
+method's context manager for its ``x-sdk-method`` header, two closures made
+and decorated by ``capture_exceptions`` (whose telemetry provider it finds
+with ``inspect.getclosurevars``), the retry handler's ``execute`` with a
+task of its own watching for progress, ``_sample_async_impl`` with the
+dispatch limits, and an ``_APIFuture`` that starts a second task to poll
+the result and is awaited through ``asyncio.wait_for``. At a many-short
+workload's pace those layers cost more client CPU than the two requests
+they send.
+
+Ours runs the same steps with fewer objects, on tinker's loop as tinker
+does, calling tinker's own functions for each step that decides anything:
+the retry loop (``RetryHandler._execute_with_retry``: its retries, delays,
+logs and telemetry), ``InternalClientHolder.execute_with_retries`` around
+``SamplingClient._send_asample_request`` (the request, 429 and billing
+pauses), the dispatch limits (``sample_dispatch_rate_limit``), the join of
+a cloned sampler, the result's polling loop (``_APIFuture._result_async``,
+awaited in the sample's own task: the same polls, outcomes and
+cancellation), the response checks and ``_attach_sequence_ids``. What
+differs is only how the layers hold together:
+
+- the ``x-sdk-method`` context variable is set directly, as tinker's
+  ``_entered`` sets it (the outermost public call's name);
+- the telemetry of a failed call is tinker's ``acapture_exceptions``
+  (``log_fatal_exception`` with ``ERROR``), written as a ``try``;
+- the retry handler's semaphore, counters, progress logs and stuck
+  detection as its ``execute``, the detection by a timer at the handler's
+  deadline rather than a task per call (the same cancel and the same
+  ``APIConnectionError`` when no call made progress for
+  ``progress_timeout``);
+- the result polled in the sample's task rather than a second one.
+
+Every limit is tinker's own object: the handler's semaphore
+(``sample_max_concurrent_requests``), the dispatch count and bytes
+semaphores, the in-flight response bytes. Flags the service sends are read
+per call as tinker reads them (``sample_no_retries``,
+``sample_use_retrieve_futures``: the session poller is tinker's).
+
+A client ours does not reproduce runs tinker's ``sample``: a subclass, an
+instance or class attribute replacing a step ours calls or skips, a retry
+handler or holder of another class. The probe checks that the tinker
+installed is one whose steps ours reproduces: the source of each function
+ours stands in for, compared with tinker 0.38.0's (an older tinker is left
+as it is; a newer one whose functions changed warns and keeps tinker's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import inspect
+import time
+from typing import Any, Callable
+
+from ..patch.piece import Piece, ProbeFailed
+
+__all__ = ["PIECES", "beneath", "make_sample", "probe_sample"]
+
+#: The functions whose steps ours stands in for, by where they are, and the
+#: sha256 of tinker 0.38.0's source of each (``inspect.getsource``).
+REPRODUCED = {
+    "tinker.lib.public_interfaces.sampling_client:SamplingClient.sample": "02077239375b24f483011c1dc97f45b24043aeff754dd515a80edb2da1bf920b",
+    "tinker.lib.public_interfaces.sampling_client:SamplingClient._sample_async_impl": "90f4fd9ca4e1d5badda00031612a0ec68f9971328bded8695a16c31c5a896821",
+    "tinker.lib.retry_handler:RetryHandler.execute": "f3964e190ac2f471ba519290d77e110f6107f2be32c210ee18f9eb0bb235a212",
+    "tinker.lib.api_future_impl:_APIFuture.__init__": "0fbdedae4fe85ab160962a13d8be03063e7af23ccd64d9d487b8b384f4d253d9",
+    "tinker.lib.api_future_impl:_APIFuture.result_async": "2d135e0ef63c9ece9a41bfc88b458f3f0ff3d68dfd60a9d00f3f922898fe5363",
+    "tinker.lib.telemetry:capture_exceptions": "4ac78e56a4d353673918e88dd14a1fcb5a347f6531c556b304bb831df5ee8b43",
+    "tinker.lib.telemetry:Telemetry.acapture_exceptions": "790d6d95c81272e5339dd3ea57aa76dcd9db6dd68e6f623e67a6c635de3598ee",
+    "tinker.lib.sdk_method:_entered": "f0197396da8c5bcfa4271d2ac8a84cfb3cdae651e73331d3cfed1f391a18006c",
+    "tinker.lib.internal_client_holder:InternalClientHolder.sample_dispatch_rate_limit": "17c501fbeb3de9b486d8d4f2a29a02b92a6fde24cd7915d8f02e042531da5ffb",
+    "tinker.lib.internal_client_holder:InternalClientHolder._sample_dispatch_count_rate_limit": "73cd73ad0dcbeafefa39a109c478833647fddc59238986c9fb07749867add758",
+    "tinker.lib.internal_client_holder:InternalClientHolder._sample_dispatch_count_throttled_rate_limit": "65203e546c71a8ddc18cd522e6c301798bf5c5d8194ef79585dd1f8cfd91d84b",
+    "tinker.lib.internal_client_holder:InternalClientHolder._sample_dispatch_bytes_rate_limit": "140946518defcadddc42f08327013d0a981913fc891fed7d7c57d984d48496c1",
+    "tinker.lib.internal_client_holder:BytesSemaphore.acquire": "fb99e2a481f9085d1f9b55569283a026ae4845b3495481eaf8c16859bd47c0f5",
+    "tinker.lib.internal_client_holder:BytesSemaphore._release": "2338fa0d81d836d2fdeb77ab3e2ec9f583dc85ef088757a8db30aca5a88f432d",
+    "tinker.lib.sdk_method:_tracked": "6e2134e909cef2286056912a8c319b24053c69ac57f32f08716314adbfe57a38",
+}
+
+# What a client's class and instance must leave as tinker's for ours to run.
+_STEPS = (
+    "_sample_async_impl",
+    "_send_asample_request",
+    "_join_sampling_session",
+    "_get_futures_poller",
+    "on_queue_state_change",
+    "get_telemetry",
+    "retry_handler",
+    "holder",
+)
+
+# What a client's holder must leave as tinker's (the dispatch limits ours takes).
+_HOLDER_STEPS = (
+    "sample_dispatch_rate_limit",
+    "_sample_dispatch_count_rate_limit",
+    "_sample_dispatch_count_throttled_rate_limit",
+    "_sample_dispatch_bytes_rate_limit",
+    "_sample_backoff_requested_recently",
+)
+
+
+def make_sample(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``SamplingClient.sample`` run lean (the module's docstring) for a
+    client ours reproduces, else ``original``."""
+    import tinker
+    from tinker.lib import sdk_method
+    from tinker.lib.api_future_impl import _UNCOMPUTED, _APIFuture
+    from tinker.lib.backcompat_concurrent_future import _AwaitableFutureCompatWrapper
+    from tinker.lib.internal_client_holder import BytesSemaphore, InternalClientHolder
+    from tinker.lib.public_interfaces import sampling_client as module
+    from tinker.lib.retry_handler import RetryHandler
+    from tinker.types import SampleResponse
+
+    SamplingClient = module.SamplingClient
+    current = sdk_method._current_sdk_method
+    method_name = "SamplingClient.sample"
+    state = _state
+    plain: dict[type, bool] = {}
+
+    def lean(client: Any) -> bool:
+        cls = type(client)
+        try:
+            ok = plain[cls]
+        except KeyError:
+            ok = plain[cls] = cls is SamplingClient
+        return (
+            ok
+            and state["active"]
+            and client.__dict__.keys().isdisjoint(_STEPS[:6])
+            and type(client.retry_handler) is RetryHandler
+            and type(client.holder) is InternalClientHolder
+            and client.holder.__dict__.keys().isdisjoint(_HOLDER_STEPS)
+            and type(client.holder._sample_dispatch_semaphore) is asyncio.Semaphore
+            and type(client.holder._sample_dispatch_throttled_semaphore) is asyncio.Semaphore
+            and type(client.holder._sample_dispatch_bytes_semaphore) is BytesSemaphore
+        )
+
+    async def one_sample(client: Any, args: tuple[Any, ...]) -> Any:
+        """``_sample_async_impl``: the dispatch, then the result polled in
+        this task."""
+        (prompt, num_samples, sampling_params, prompt_logprobs, topk_prompt, topk_sample, target, alt_k, last_n) = args
+        if client._cloned_sampler_id is None:
+            await client._join_sampling_session()
+        holder = client.holder
+        estimated_bytes_count = holder.estimate_bytes_count_in_model_input(prompt)
+        request_id = client._request_id_counter
+        client._request_id_counter += 1
+        async with _dispatch_limit(holder, estimated_bytes_count):
+            while True:
+                if holder._sample_backoff_until is not None and time.monotonic() < holder._sample_backoff_until:
+                    await asyncio.sleep(1)
+                    continue
+                untyped_future = await holder.execute_with_retries(
+                    client._send_asample_request,
+                    request_id,
+                    num_samples,
+                    prompt,
+                    sampling_params,
+                    prompt_logprobs,
+                    topk_prompt,
+                    topk_sample,
+                    target,
+                    alt_k,
+                    last_n,
+                )
+                if untyped_future is not None:
+                    break
+                backoff_duration = 1 if estimated_bytes_count <= 128 * 1024 else 5
+                holder._sample_backoff_until = time.monotonic() + backoff_duration
+        response = await _polled(client, untyped_future, time.time())
+        module._check_prompt_alt_tokens_returned(response, alt_k)
+        module._check_prompt_logprobs_last_n_honored(response, last_n)
+        return module._attach_sequence_ids(response, untyped_future.sample_sequence_ids)
+
+    async def _polled(client: Any, untyped_future: Any, request_start_time: float) -> Any:
+        """``_APIFuture(...).result_async()`` without its task: the future's
+        state as its ``__init__`` makes it, its polling loop awaited here."""
+        poller = client._get_futures_poller()
+        future = _APIFuture.__new__(_APIFuture)
+        future.model_cls = SampleResponse
+        future.holder = client.holder
+        future.untyped_future = untyped_future
+        future.request_type = "Sample"
+        future._cached_result = _UNCOMPUTED
+        future._futures_poller = poller
+        future.request_start_time = request_start_time
+        future.request_future_start_time = time.time()
+        future.request_queue_roundtrip_time = future.request_future_start_time - request_start_time
+        future._queue_state_observer = client
+        return await future._result_async()
+
+    async def with_retries(client: Any, attempt: Callable[[], Any]) -> Any:
+        """``RetryHandler.execute``, stuck detection by a timer."""
+        handler = client.retry_handler
+        handler._waiting_at_semaphore_count += 1
+        semaphore = handler._semaphore
+        if semaphore is not None:
+            await semaphore.acquire()
+        try:
+            handler._waiting_at_semaphore_count -= 1
+            if handler._in_retry_loop_count == 0:
+                handler._last_global_progress = time.time()
+            handler._in_retry_loop_count += 1
+            handler._maybe_log_progress()
+            task = asyncio.current_task()
+            assert task is not None
+            task._no_progress_made_marker = False  # type: ignore[attr-defined]
+            watch = _Watch(handler, task) if handler.config.enable_stuck_detection else None
+            try:
+                result = await handler._execute_with_retry(attempt)
+                handler._last_global_progress = time.time()
+                return result
+            except asyncio.CancelledError:
+                if task._no_progress_made_marker:  # type: ignore[attr-defined]
+                    task.uncancel()
+                    import httpx
+
+                    raise tinker.APIConnectionError(
+                        request=httpx.Request("GET", "http://localhost"),
+                        message=f"No progress made in {handler.config.progress_timeout}s. Requests appear to be stuck.",
+                    ) from None
+                raise
+            finally:
+                handler._in_retry_loop_count -= 1
+                handler._maybe_log_progress()
+                if watch is not None:
+                    watch.stop()
+        finally:
+            if semaphore is not None:
+                semaphore.release()
+
+    async def run(client: Any, args: tuple[Any, ...], retries: bool) -> Any:
+        """The call on tinker's loop: ``capture_exceptions(fatal=True)``
+        around the retry handler (or, with ``sample_no_retries``, around one
+        attempt)."""
+        calls[0] += 1
+        telemetry = client.get_telemetry()
+        try:
+            if not retries:
+                return await one_sample(client, args)
+
+            async def _sample_async() -> Any:
+                return await one_sample(client, args)
+
+            _sample_async.__qualname__ = "SamplingClient.sample.<locals>._sample_async"  # the handler's logs name it
+            return await with_retries(client, _sample_async)
+        except Exception as e:
+            if telemetry is not None:
+                await telemetry.log_fatal_exception(e, "ERROR")
+            raise
+
+    def sample(
+        self: Any,
+        prompt: Any,
+        num_samples: int,
+        sampling_params: Any,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
+        target_prompt_logprobs: Any = None,
+        prompt_alt_tokens_k: int = 0,
+        prompt_logprobs_last_n: int | None = None,
+    ) -> Any:
+        if not lean(self):
+            return original(
+                self,
+                prompt,
+                num_samples,
+                sampling_params,
+                include_prompt_logprobs,
+                topk_prompt_logprobs,
+                topk_sample_logprobs,
+                target_prompt_logprobs,
+                prompt_alt_tokens_k,
+                prompt_logprobs_last_n,
+            )
+        token = current.set(method_name) if current.get() is None else None
+        try:
+            target = None
+            if target_prompt_logprobs is not None:
+                module._check_target_prompt_logprobs(target_prompt_logprobs)
+                target = module._tensor_data_to_model(target_prompt_logprobs)
+            module._check_prompt_alt_tokens_k(prompt_alt_tokens_k)
+            module._check_prompt_logprobs_last_n(prompt_logprobs_last_n, include_prompt_logprobs)
+            args = (
+                prompt,
+                num_samples,
+                sampling_params,
+                include_prompt_logprobs,
+                topk_prompt_logprobs,
+                topk_sample_logprobs,
+                target,
+                prompt_alt_tokens_k,
+                prompt_logprobs_last_n,
+            )
+            retries = not self.holder._client_config.sample_no_retries
+            return _AwaitableFutureCompatWrapper(
+                self.holder.run_coroutine_threadsafe(run(self, args, retries)).future()
+            )
+        finally:
+            if token is not None:
+                current.reset(token)
+
+    functools.update_wrapper(sample, original)
+    # A wrong call's TypeError names tinker's method, as tinker's own would.
+    sample.__code__ = sample.__code__.replace(co_qualname="SamplingClient.sample", co_name="sample")
+    return sample
+
+
+def beneath(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The sample path under coalesced sampling (its calls of one sample
+    that merge with none, and its merged requests): ours while this
+    module's piece is installed (its probe passed, not uninstalled), else
+    ``original``, tinker's."""
+    return make_sample(original)
+
+
+class _dispatch_limit:
+    """``InternalClientHolder.sample_dispatch_rate_limit`` without its exit
+    stack and three generator context managers: the dispatch count
+    semaphore, the throttled one after a recent backoff, then the bytes
+    (20 times the estimate after a recent backoff), each tinker's own
+    object, taken and given back in tinker's order. The bytes semaphore's
+    release wakes its waiters as tinker's does (a task notifying its
+    condition), and only when someone waits: with no waiter, tinker's task
+    notifies no one."""
+
+    __slots__ = ("holder", "estimate", "taken", "bytes")
+
+    def __init__(self, holder: Any, estimate: int) -> None:
+        self.holder = holder
+        self.estimate = estimate
+        self.taken: list[Any] = []
+        self.bytes = 0
+
+    async def __aenter__(self) -> None:
+        holder = self.holder
+        taken = self.taken
+        try:
+            await holder._sample_dispatch_semaphore.acquire()
+            taken.append(holder._sample_dispatch_semaphore)
+            if holder._sample_backoff_requested_recently():
+                await holder._sample_dispatch_throttled_semaphore.acquire()
+                taken.append(holder._sample_dispatch_throttled_semaphore)
+            count = self.estimate
+            if holder._sample_backoff_requested_recently():
+                count *= 20
+            limit = holder._sample_dispatch_bytes_semaphore
+            async with limit._condition:
+                while limit._bytes < 0:
+                    await limit._condition.wait()
+            limit._bytes -= count
+            self.bytes = count
+            taken.append(limit)
+        except BaseException:
+            self._release()
+            raise
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        for limit in reversed(self.taken):
+            if type(limit) is asyncio.Semaphore:
+                limit.release()
+            else:
+                limit._bytes += self.bytes
+                if limit._condition._waiters or limit._condition.locked():
+                    limit._release_task = asyncio.create_task(limit._release())
+        self.taken.clear()
+
+
+class _Watch:
+    """The retry handler's stuck detection for one call: at the handler's
+    deadline (its last progress plus ``progress_timeout``, read when the
+    timer fires, as its progress task reads it on waking), the call's task
+    is marked and cancelled; before it, the timer is set again for the
+    deadline then."""
+
+    __slots__ = ("handler", "task", "timer")
+
+    def __init__(self, handler: Any, task: asyncio.Task) -> None:
+        self.handler = handler
+        self.task = task
+        self.timer: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        deadline = self.handler._last_global_progress + self.handler.config.progress_timeout
+        self.timer = self.task.get_loop().call_later(deadline - time.time(), self._fire)
+
+    def _fire(self) -> None:
+        deadline = self.handler._last_global_progress + self.handler.config.progress_timeout
+        if time.time() > deadline:
+            self.task._no_progress_made_marker = True  # type: ignore[attr-defined]
+            self.task.cancel()
+            self.timer = None
+        else:
+            self._arm()
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
+# Whether the piece is in: its probe passed (set then, just before the
+# transaction puts it in), not uninstalled since. Ours, wherever a caller
+# or coalesced sampling holds it, runs tinker's ``sample`` otherwise.
+_state = {"active": False}
+# Sample calls run lean in this process (the tests check they were).
+calls = [0]
+
+
+def undo() -> None:
+    """At uninstall: a ``sample`` kept by a caller runs tinker's again."""
+    _state["active"] = False
+
+
+def source_digest(where: str) -> str | None:
+    """sha256 of the source of ``module:Qualified.name``, or None when it
+    cannot be read."""
+    import importlib
+
+    module_name, _, qualname = where.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = inspect.unwrap(vars(obj)[part]) if isinstance(obj, type) else getattr(obj, part)
+        return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()
+    except Exception:
+        return None
+
+
+def probe_sample(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    """Raises ProbeFailed unless each function whose steps ours stands in
+    for is tinker 0.38.0's, by its source."""
+    changed = [where for where, digest in REPRODUCED.items() if source_digest(where) != digest]
+    _state["active"] = not changed
+    if changed:
+        raise ProbeFailed(
+            "tinker's sample path is not the one ours reproduces (tinker 0.38.0's): "
+            + ", ".join(where.partition(":")[2] for where in changed)
+            + " changed"
+        )
+
+
+PIECES = (
+    Piece(
+        "tinker",  # the class coalesced sampling's piece replaces the method of too, named apart
+        "SamplingClient.sample",
+        "transport",
+        make_sample,
+        probe_sample,
+        defined_in="tinker.lib.public_interfaces.sampling_client",
+        spread=False,
+        since="0.38.0",
+        undo=undo,
+        label="sample calls run lean",
+    ),
+)
