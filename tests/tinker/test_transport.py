@@ -65,6 +65,28 @@ def comparable(wire: list[dict]) -> list[tuple]:
     return out
 
 
+def test_an_idempotency_key_is_a_uuid4_as_tinkers_is():
+    import uuid
+
+    from tinker._base_client import BaseClient
+
+    from tinker_rl_data.tinker import transport
+
+    prefix = "stainless-python-retry-"
+    theirs = BaseClient._idempotency_key(None)
+    keys = [transport._idempotency_key() for _ in range(20_000)]
+    assert len(set(keys)) == len(keys)
+    for key in [theirs, *keys]:
+        assert key.startswith(prefix) and len(key) == len(theirs)
+        parsed = uuid.UUID(key[len(prefix):])
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
+        assert str(parsed) == key[len(prefix):]
+    # every random bit drawn: each hex digit but the version's takes several values
+    digits = [key[len(prefix):].replace("-", "") for key in keys]
+    assert all(len({d[i] for d in digits}) == 16 for i in range(32) if i not in (12, 16))
+    assert {d[12] for d in digits} == {"4"} and {d[16] for d in digits} == set("89ab")
+
+
 def test_the_step_requests_on_the_wire_are_stocks(tmp_path):
     stock, installed = run_child("stock", tmp_path), run_child("installed", tmp_path)
     assert installed["lean"] >= 8, installed  # each call and poll went lean

@@ -76,7 +76,6 @@ import secrets
 import threading
 import time
 import types as pytypes
-import uuid
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -280,14 +279,18 @@ _random_lock = threading.Lock()
 
 def _idempotency_key() -> str:
     """A key as tinker's ``BaseClient._idempotency_key`` makes it
-    (``stainless-python-retry-`` and a uuid4), its random bytes read from
-    ``os.urandom`` 4 KiB at a time instead of 16 bytes a call."""
+    (``stainless-python-retry-`` and ``str(uuid.uuid4())``), its random bytes
+    read from ``os.urandom`` 4 KiB at a time instead of 16 bytes a call, the
+    version and variant bits set as ``uuid.UUID(..., version=4)`` sets them."""
     with _random_lock:
         if not _random_bytes:
             _random_bytes.extend(os.urandom(4096))
-        key = bytes(_random_bytes[-16:])
+        key = _random_bytes[-16:]
         del _random_bytes[-16:]
-    return f"stainless-python-retry-{uuid.UUID(bytes=key, version=4)}"
+    key[6] = (key[6] & 0x0F) | 0x40  # version 4
+    key[8] = (key[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = key.hex()
+    return f"stainless-python-retry-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 os.register_at_fork(after_in_child=_random_bytes.clear)  # a child draws its own
