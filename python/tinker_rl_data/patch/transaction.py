@@ -101,6 +101,12 @@ def status() -> Report:
         features.setdefault(record.feature.name, record.feature)
     for feature in features.values():
         report.features.append((feature.name, feature.description))
+        for piece in feature.pieces:  # as install() told them: a piece for a later release than the one found
+            found = report.versions.get(piece.package)
+            if piece.where not in report.entries and piece.since and found and release(found) < release(piece.since):
+                report.entries[piece.where] = Entry(
+                    piece.title, piece.feature, NOT_FOR_VERSION, why=f"ours reproduces {piece.since} and later; {found} differs"
+                )
         if feature.status is not None:
             report.notes.extend(feature.status())
         if feature.aside is not None:
