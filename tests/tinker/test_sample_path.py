@@ -19,7 +19,8 @@ this path too).
   handler's semaphore) and the dispatch semaphore bound the calls in flight
   as stock's do (counted at the service);
 - a client ours does not reproduce (a subclass, a user's function on the
-  instance) runs tinker's ``sample``: the user's code is called;
+  instance or on tinker's class after install()) runs tinker's ``sample``:
+  the user's code is called;
 - the probe refuses a tinker whose sample path's source changed.
 """
 
@@ -85,7 +86,7 @@ def test_the_concurrent_calls_are_bounded_by_tinkers_limits(tmp_path):
     assert installed["most_in_flight"] == stock["most_in_flight"]
 
 
-@pytest.mark.parametrize("how", ["subclass", "instance"])
+@pytest.mark.parametrize("how", ["subclass", "instance", "class"])
 def test_a_client_ours_does_not_reproduce_runs_tinkers_sample(how, tmp_path):
     installed = run(f"user-{how}", "installed", tmp_path)
     assert installed["lean_calls"] == 0
@@ -158,6 +159,15 @@ def child(case: str, variant: str, out: str) -> None:
                     return super()._send_asample_request(*args, **kwargs)
 
             sampler.__class__ = Mine
+        elif case == "user-class":  # a step ours stands in for, patched on tinker's class after install()
+            cls = type(sampler)
+            theirs_impl = cls._sample_async_impl
+
+            async def _sample_async_impl(self, *args, **kwargs):
+                result["user_calls"] += 1
+                return await theirs_impl(self, *args, **kwargs)
+
+            cls._sample_async_impl = _sample_async_impl
         elif case == "user-instance":
             theirs = sampler._send_asample_request
 

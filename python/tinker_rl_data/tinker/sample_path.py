@@ -79,7 +79,8 @@ REPRODUCED = {
     "tinker.lib.sdk_method:_tracked": "6e2134e909cef2286056912a8c319b24053c69ac57f32f08716314adbfe57a38",
 }
 
-# What a client's class and instance must leave as tinker's for ours to run.
+# What a client's instance must not hold of its own for ours to run (a
+# user's function there: tinker's sample runs it).
 _STEPS = (
     "_sample_async_impl",
     "_send_asample_request",
@@ -87,8 +88,6 @@ _STEPS = (
     "_get_futures_poller",
     "on_queue_state_change",
     "get_telemetry",
-    "retry_handler",
-    "holder",
 )
 
 # What a client's holder must leave as tinker's (the dispatch limits ours takes).
@@ -117,18 +116,25 @@ def make_sample(original: Callable[..., Any]) -> Callable[..., Any]:
     current = sdk_method._current_sdk_method
     method_name = "SamplingClient.sample"
     state = _state
-    plain: dict[type, bool] = {}
+    # The functions ours stands in for, as found now: one replaced on its
+    # class later (a user's patch) is run by tinker's sample, not skipped.
+    skipped = [
+        (cls, name, vars(cls)[name])
+        for cls, names in (
+            (SamplingClient, ("_sample_async_impl",)),
+            (RetryHandler, ("execute",)),
+            (_APIFuture, ("__init__", "result_async")),
+            (InternalClientHolder, _HOLDER_STEPS),
+        )
+        for name in names
+    ]
 
     def lean(client: Any) -> bool:
-        cls = type(client)
-        try:
-            ok = plain[cls]
-        except KeyError:
-            ok = plain[cls] = cls is SamplingClient
         return (
-            ok
+            type(client) is SamplingClient
             and state["active"]
-            and client.__dict__.keys().isdisjoint(_STEPS[:6])
+            and all(vars(cls).get(name) is function for cls, name, function in skipped)
+            and client.__dict__.keys().isdisjoint(_STEPS)
             and type(client.retry_handler) is RetryHandler
             and type(client.holder) is InternalClientHolder
             and client.holder.__dict__.keys().isdisjoint(_HOLDER_STEPS)
