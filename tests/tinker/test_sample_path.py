@@ -86,6 +86,14 @@ def test_the_concurrent_calls_are_bounded_by_tinkers_limits(tmp_path):
     assert installed["most_in_flight"] == stock["most_in_flight"]
 
 
+@pytest.mark.parametrize("transport", [True, False])
+def test_coalesced_sampling_takes_the_lean_path_only_with_the_transport_row(transport, tmp_path):
+    variant = "coalesce+transport" if transport else "coalesce"
+    ran = run("retries", variant, tmp_path)  # 12 distinct prompts: none merge, each goes beneath
+    assert (ran["lean_calls"] == CASES["retries"]["n"]) if transport else (ran["lean_calls"] == 0), ran
+    assert all(o[0] == "returned" for o in ran["outcomes"]), ran["outcomes"]
+
+
 @pytest.mark.parametrize("how", ["subclass", "instance", "class"])
 def test_a_client_ours_does_not_reproduce_runs_tinkers_sample(how, tmp_path):
     installed = run(f"user-{how}", "installed", tmp_path)
@@ -125,6 +133,12 @@ def child(case: str, variant: str, out: str) -> None:
     spec = CASES.get(case.removeprefix("user-"), {"n": 1}) if not case.startswith("user-") else {"n": 1}
     if variant == "installed":
         tinker_rl_data.cookbook.install(gc=False)
+    elif variant.startswith("coalesce"):  # coalesced sampling, with the transport row or without it
+        from tinker_rl_data import features
+        from tinker_rl_data.patch import transaction
+
+        transaction.probe(features.declared(), ["transport"])  # its probes passed, nothing installed
+        tinker_rl_data.cookbook.install(gc=False, coalesce=True, transport=variant == "coalesce+transport")
         assert any(p.title == sampling.PIECES[0].title for p in sampling.PIECES)
 
     events: list[tuple[str, str]] = []

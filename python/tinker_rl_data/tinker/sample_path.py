@@ -318,9 +318,19 @@ def make_sample(original: Callable[..., Any]) -> Callable[..., Any]:
 def beneath(original: Callable[..., Any]) -> Callable[..., Any]:
     """The sample path under coalesced sampling (its calls of one sample
     that merge with none, and its merged requests): ours while this
-    module's piece is installed (its probe passed, not uninstalled), else
-    ``original``, tinker's."""
-    return make_sample(original)
+    module's piece is installed, else ``original``, tinker's (the
+    ``transport`` row not chosen, skipped, refused by its probe, or
+    uninstalled)."""
+    from ..patch import transaction
+
+    ours = make_sample(original)
+    piece = PIECES[0]
+
+    @functools.wraps(original)
+    def sample(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return (ours if piece in transaction._installed else original)(self, *args, **kwargs)
+
+    return sample
 
 
 class _dispatch_limit:
