@@ -94,18 +94,45 @@ def test_coalesced_sampling_takes_the_lean_path_only_with_the_transport_row(tran
     assert all(o[0] == "returned" for o in ran["outcomes"]), ran["outcomes"]
 
 
-@pytest.mark.parametrize("how", ["subclass", "instance", "class"])
+@pytest.mark.parametrize("how", ["subclass", "instance", "class", "module"])
 def test_a_client_ours_does_not_reproduce_runs_tinkers_sample(how, tmp_path):
     installed = run(f"user-{how}", "installed", tmp_path)
     assert installed["lean_calls"] == 0
-    assert installed["user_calls"] == 1
+    assert installed["user_calls"] >= 1
     assert installed["outcomes"][0][0] == "returned"
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["tinker.lib.retry_handler:RetryHandler.execute", "tinker.lib.internal_client_holder:BytesSemaphore.acquire"],
+)
+def test_the_probe_refuses_a_function_a_wrapper_was_put_around(where, monkeypatch):
+    import functools
+    import importlib
+
+    from tinker_rl_data.patch.piece import ProbeFailed
+    from tinker_rl_data.tinker import sample_path as sampling
+
+    module_name, _, qualname = where.partition(":")
+    cls_name, name = qualname.split(".")
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    theirs = vars(cls)[name]
+
+    @functools.wraps(theirs)
+    def traced(*args, **kwargs):  # a tracer's or a mock's wrapper: ours would skip it
+        return theirs(*args, **kwargs)
+
+    monkeypatch.setattr(cls, name, traced)
+    monkeypatch.setitem(sampling._state, "active", sampling._state["active"])  # the probe's verdict, put back after
+    with pytest.raises(ProbeFailed, match=name):
+        sampling.probe_sample(None, None)
 
 
 def test_the_probe_refuses_a_sample_path_that_changed(monkeypatch):
     from tinker_rl_data.patch.piece import ProbeFailed
     from tinker_rl_data.tinker import sample_path as sampling
 
+    monkeypatch.setitem(sampling._state, "active", sampling._state["active"])  # the probe's verdict, put back after
     sampling.probe_sample(None, None)  # tinker 0.38.0's: accepted
     where = next(iter(sampling.REPRODUCED))
     monkeypatch.setitem(sampling.REPRODUCED, where, "0" * 64)
@@ -182,6 +209,16 @@ def child(case: str, variant: str, out: str) -> None:
                 return await theirs_impl(self, *args, **kwargs)
 
             cls._sample_async_impl = _sample_async_impl
+        elif case == "user-module":  # a name stock's sample reads from its module when called
+            from tinker.lib.public_interfaces import sampling_client as module
+
+            theirs_capture = module.capture_exceptions
+
+            def capture_exceptions(*args, **kwargs):
+                result["user_calls"] += 1
+                return theirs_capture(*args, **kwargs)
+
+            module.capture_exceptions = capture_exceptions
         elif case == "user-instance":
             theirs = sampler._send_asample_request
 
@@ -197,7 +234,8 @@ def child(case: str, variant: str, out: str) -> None:
                 response = await sampler.sample(p, 1, params)
                 return ["returned", [list(s.tokens) for s in response.sequences]]
             except Exception as e:  # noqa: BLE001 (the outcome compared)
-                return ["raised", type(e).__name__, str(e).split(" for self.request_id")[0]]
+                context = type(e.__context__).__name__ if e.__context__ is not None else None
+                return ["raised", type(e).__name__, str(e).split(" for self.request_id")[0], context, e.__suppress_context__]
 
         most = [0]
 

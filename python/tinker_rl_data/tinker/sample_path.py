@@ -118,13 +118,20 @@ def make_sample(original: Callable[..., Any]) -> Callable[..., Any]:
     state = _state
     # The functions ours stands in for, as found now: one replaced on its
     # class later (a user's patch) is run by tinker's sample, not skipped.
+    # Classes' and modules' names stock's sample reads when called.
+    from tinker.lib.telemetry import Telemetry
+
     skipped = [
-        (cls, name, vars(cls)[name])
-        for cls, names in (
+        (where, name, vars(where)[name])
+        for where, names in (
             (SamplingClient, ("_sample_async_impl",)),
             (RetryHandler, ("execute",)),
             (_APIFuture, ("__init__", "result_async")),
             (InternalClientHolder, _HOLDER_STEPS),
+            (BytesSemaphore, ("acquire",)),
+            (Telemetry, ("acapture_exceptions",)),
+            (module, ("capture_exceptions", "_APIFuture", "_AwaitableFutureCompatWrapper")),
+            (sdk_method, ("_entered",)),
         )
         for name in names
     ]
@@ -226,7 +233,7 @@ def make_sample(original: Callable[..., Any]) -> Callable[..., Any]:
                     raise tinker.APIConnectionError(
                         request=httpx.Request("GET", "http://localhost"),
                         message=f"No progress made in {handler.config.progress_timeout}s. Requests appear to be stuck.",
-                    ) from None
+                    )  # in the except clause, as the handler's: the CancelledError is its context
                 raise
             finally:
                 handler._in_retry_loop_count -= 1
@@ -437,17 +444,46 @@ def undo() -> None:
 
 def source_digest(where: str) -> str | None:
     """sha256 of the source of ``module:Qualified.name``, or None when it
-    cannot be read."""
+    cannot be read or is wrapped by anything but tinker's own decorators
+    (its method-name wrapper, contextlib's context managers): a wrapper
+    there (a user's, a tracer's, a mock's) is code ours would skip."""
     import importlib
 
     module_name, _, qualname = where.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
         for part in qualname.split("."):
-            obj = inspect.unwrap(vars(obj)[part]) if isinstance(obj, type) else getattr(obj, part)
+            obj = vars(obj)[part] if isinstance(obj, type) else getattr(obj, part)
+        while hasattr(obj, "__wrapped__"):
+            if getattr(obj, "__code__", None) not in _own_wrappers():
+                return None
+            obj = obj.__wrapped__
         return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()
     except Exception:
         return None
+
+
+@functools.cache
+def _own_wrappers() -> frozenset[Any]:
+    """The code of the wrappers tinker's own decorators make around the
+    functions ours reproduces."""
+    import contextlib
+
+    from tinker.lib import sdk_method
+
+    async def agen() -> Any:
+        yield
+
+    def gen() -> Any:
+        yield
+
+    return frozenset(
+        {
+            sdk_method._tracked(lambda: None, "").__code__,
+            contextlib.contextmanager(gen).__code__,
+            contextlib.asynccontextmanager(agen).__code__,
+        }
+    )
 
 
 def probe_sample(original: Callable[..., Any], ours: Callable[..., Any]) -> None:
