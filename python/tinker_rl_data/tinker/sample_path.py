@@ -39,11 +39,14 @@ per call as tinker reads them (``sample_no_retries``,
 ``sample_use_retrieve_futures``: the session poller is tinker's).
 
 A client ours does not reproduce runs tinker's ``sample``: a subclass, an
-instance or class attribute replacing a step ours calls or skips, a retry
-handler or holder of another class. The probe checks that the tinker
-installed is one whose steps ours reproduces: the source of each function
-ours stands in for, compared with tinker 0.38.0's (an older tinker is left
-as it is; a newer one whose functions changed warns and keeps tinker's).
+instance attribute replacing a step ours calls or skips, a retry handler or
+holder of another class, and (checked per call, by identity) a function
+ours stands in for replaced on tinker's class or module since install().
+The probe checks that the tinker installed is one whose steps ours
+reproduces: the source of each function ours stands in for, compared with
+tinker 0.38.0's, and no wrapper around one but tinker's own decorators (an
+older tinker is left as it is; a newer one whose functions changed, or a
+wrapped one, warns and keeps tinker's).
 """
 
 from __future__ import annotations
