@@ -21,7 +21,10 @@ this path too).
 - a client ours does not reproduce (a subclass, a user's function on the
   instance or on tinker's class after install()) runs tinker's ``sample``:
   the user's code is called;
-- the probe refuses a tinker whose sample path's source changed.
+- the probe refuses a tinker whose sample path's source changed;
+- a call awaited at once crosses to tinker's loop and back in batches
+  (counted); one whose future is held (blocked on with ``result()`` inside
+  the caller's loop, gathered later) is tinker's future, as stock's.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ CASES = {
     "no-retries": {"faults": "seed=2,rate=1,kinds=410", "config": {"sample_no_retries": True}, "n": 1},
     "stuck": {"latency": "base=6,token=0,hold=1", "progress_timeout": 1.5, "n": 2},
     "limits": {"latency": "base=0.3,token=0,slots=4096", "config": {"sample_max_concurrent_requests": 7}, "n": 40},
+    "held": {"latency": "base=0.05,token=0", "n": 6},
 }
 
 
@@ -67,6 +71,7 @@ CASES = {
 def test_a_sample_call_ends_as_stocks(case, tmp_path):
     stock, installed = both(case, tmp_path)
     assert installed["lean_calls"] == CASES[case]["n"], installed
+    assert installed["crossed"] == CASES[case]["n"], installed  # each awaited at once
     assert installed["outcomes"] == stock["outcomes"]
     assert installed["requests"] == stock["requests"]
     assert installed["telemetry"] == stock["telemetry"]
@@ -84,6 +89,16 @@ def test_the_concurrent_calls_are_bounded_by_tinkers_limits(tmp_path):
     # service's flags: at most 7 sample calls in flight, each one request.
     assert stock["most_in_flight"] == 7
     assert installed["most_in_flight"] == stock["most_in_flight"]
+
+
+def test_a_held_future_is_tinkers_and_may_be_blocked_on_inside_the_loop(tmp_path):
+    # Not awaited at once: the caller keeps tinker's future, blocks on its
+    # result() inside its running loop (tinker's loop thread completes it,
+    # as stock's), gathers the others later.
+    stock, installed = both("held", tmp_path)
+    assert installed["lean_calls"] == CASES["held"]["n"] and installed["crossed"] == 0, installed
+    assert installed["outcomes"] == stock["outcomes"]
+    assert installed["held_types"] == stock["held_types"] == ["_AwaitableFutureCompatWrapper"] * CASES["held"]["n"]
 
 
 @pytest.mark.parametrize("transport", [True, False])
@@ -244,7 +259,16 @@ def child(case: str, variant: str, out: str) -> None:
                 most[0] = max(most[0], sampler.retry_handler._in_retry_loop_count)
                 await asyncio.sleep(0.002)
 
+        async def held():
+            futures = [sampler.sample(types.ModelInput.from_ints([i + 1, *range(1, 30)]), 1, params) for i in range(spec["n"])]
+            result["held_types"] = [type(f).__name__ for f in futures]
+            first = futures[0].result(timeout=60)  # blocks this loop; tinker's thread answers
+            rest = await asyncio.gather(*futures[1:])
+            return [["returned", [list(s.tokens) for s in r.sequences]] for r in (first, *rest)]
+
         async def main():
+            if case == "held":
+                return await held()
             watcher = asyncio.ensure_future(asyncio.wrap_future(asyncio.run_coroutine_threadsafe(watch(), sampler.holder.get_loop())))
             try:
                 return await asyncio.gather(*(one(i) for i in range(spec["n"])))
@@ -254,6 +278,7 @@ def child(case: str, variant: str, out: str) -> None:
         result["outcomes"] = asyncio.run(main())
         result["most_in_flight"] = most[0]
     result["lean_calls"] = sampling.calls[0]
+    result["crossed"] = sampling.crossed[0]
     tally = fake.requests or {}
     paths = tally.get("paths", {}) if isinstance(tally, dict) else {}
     result["requests"] = {

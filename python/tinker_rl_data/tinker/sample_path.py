@@ -30,7 +30,16 @@ differs is only how the layers hold together:
   deadline rather than a task per call (the same cancel and the same
   ``APIConnectionError`` when no call made progress for
   ``progress_timeout``);
-- the result polled in the sample's task rather than a second one.
+- the result polled in the sample's task rather than a second one;
+- a call its caller awaits at once (``await client.sample(...)``, as the
+  cookbook's completers do) crosses to tinker's loop and back without
+  ``run_coroutine_threadsafe``'s concurrent future, tinker's wrapper of it
+  and ``asyncio.wrap_future``'s chain: a ticket put in a batch that wakes
+  tinker's loop once for all the calls put before it runs, a task there in
+  the caller's context, the outcome put in a batch back to a future of the
+  caller's loop (its cancel cancels the task). A call whose future the
+  caller keeps gets tinker's future, as stock's: blocking on its
+  ``result()`` inside a running loop works as it does with tinker's.
 
 Every limit is tinker's own object: the handler's semaphore
 (``sample_max_concurrent_requests``), the dispatch count and bytes
@@ -54,7 +63,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import contextvars
+import dis
 import inspect
+import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -101,6 +114,10 @@ _HOLDER_STEPS = (
     "_sample_dispatch_bytes_rate_limit",
     "_sample_backoff_requested_recently",
 )
+# And what stock's sample calls on it to reach its loop (a user's on the
+# instance: tinker's sample runs it; on the class, ours: the futures piece).
+_HOLDER_CALLS = ("run_coroutine_threadsafe", "get_loop")
+_HOLDER_OWN = _HOLDER_STEPS + _HOLDER_CALLS
 
 
 def make_sample(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -147,7 +164,7 @@ def make_sample(original: Callable[..., Any]) -> Callable[..., Any]:
             and client.__dict__.keys().isdisjoint(_STEPS)
             and type(client.retry_handler) is RetryHandler
             and type(client.holder) is InternalClientHolder
-            and client.holder.__dict__.keys().isdisjoint(_HOLDER_STEPS)
+            and client.holder.__dict__.keys().isdisjoint(_HOLDER_OWN)
             and type(client.holder._sample_dispatch_semaphore) is asyncio.Semaphore
             and type(client.holder._sample_dispatch_throttled_semaphore) is asyncio.Semaphore
             and type(client.holder._sample_dispatch_bytes_semaphore) is BytesSemaphore
@@ -312,9 +329,13 @@ def make_sample(original: Callable[..., Any]) -> Callable[..., Any]:
                 prompt_logprobs_last_n,
             )
             retries = not self.holder._client_config.sample_no_retries
-            return _AwaitableFutureCompatWrapper(
-                self.holder.run_coroutine_threadsafe(run(self, args, retries)).future()
-            )
+            coro = run(self, args, retries)
+            caller = asyncio._get_running_loop()
+            if caller is not None and _awaited_at_once(sys._getframe(1)):
+                loop = self.holder.get_loop()
+                if caller is not loop:
+                    return _crossing(loop, caller, coro)
+            return _AwaitableFutureCompatWrapper(self.holder.run_coroutine_threadsafe(coro).future())
         finally:
             if token is not None:
                 current.reset(token)
@@ -341,6 +362,166 @@ def beneath(original: Callable[..., Any]) -> Callable[..., Any]:
         return (ours if piece in transaction._installed else original)(self, *args, **kwargs)
 
     return sample
+
+
+_CALLS = frozenset(dis.opmap[name] for name in ("CALL", "CALL_KW") if name in dis.opmap)
+_CACHE = dis.opmap["CACHE"]
+_GET_AWAITABLE = dis.opmap["GET_AWAITABLE"]
+
+
+def _awaited_at_once(frame: Any) -> bool:
+    """Whether the caller is at a call whose result it awaits next
+    (``await client.sample(...)``, or through ``functools.partial``): then
+    the returned object goes to that ``await`` alone, and no one can block
+    on its ``result()`` or hand it to another loop. A call by anything
+    else (``map``, an unpacked argument list: not a plain call) is not."""
+    code = frame.f_code.co_code
+    i = frame.f_lasti  # the call, or (3.11, 3.12, calling a Python function) its last cache entry
+    while code[i] == _CACHE:
+        i -= 2
+    if code[i] not in _CALLS:
+        return False
+    i += 2
+    while code[i] == _CACHE:
+        i += 2
+    return code[i] == _GET_AWAITABLE
+
+
+class _Batch:
+    """Callbacks run on one loop in batches: the first one put wakes the
+    loop (``call_soon_threadsafe``), the ones put before it runs join it,
+    rather than a handle and a wake of the loop each."""
+
+    __slots__ = ("loop", "run", "lock", "items")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, run: Callable[[Any], None]) -> None:
+        self.loop = loop
+        self.run = run
+        self.lock = threading.Lock()
+        self.items: list[Any] = []
+
+    def put(self, item: Any) -> None:
+        """Raises RuntimeError when the loop is closed (nothing will run it)."""
+        with self.lock:
+            self.items.append(item)
+            if len(self.items) > 1:
+                return  # a drain is on its way
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:
+            with self.lock:
+                self.items.clear()
+            raise
+
+    def _drain(self) -> None:
+        with self.lock:
+            items, self.items = self.items, []
+        for item in items:
+            try:
+                self.run(item)
+            except BaseException as exc:  # one item's failure is not the others'
+                self.loop.call_exception_handler({"message": "sample call crossing", "exception": exc})
+
+
+def _batch(batches: dict[asyncio.AbstractEventLoop, _Batch], loop: asyncio.AbstractEventLoop, run: Callable[[Any], None]) -> _Batch:
+    """The loop's batch (one made on first use; a closed loop's dropped)."""
+    batch = batches.get(loop)
+    if batch is None:
+        for old in [old for old in batches if old.is_closed()]:
+            batches.pop(old, None)
+        batch = batches[loop] = _Batch(loop, run)
+    return batch
+
+
+class _Ticket:
+    """One sample call crossing: its coroutine and context until tinker's
+    loop starts it, then its task; the future its caller awaits and the
+    batch its outcome goes back by."""
+
+    __slots__ = ("loop", "coro", "context", "waiter", "back", "task", "cancelled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, coro: Any, waiter: asyncio.Future, back: _Batch) -> None:
+        self.loop = loop
+        self.coro = coro
+        self.context: contextvars.Context | None = contextvars.copy_context()
+        self.waiter = waiter
+        self.back = back
+        self.task: asyncio.Task | None = None
+        self.cancelled = False
+
+
+# Per loop: its batch of calls to start (tinker's), of outcomes to deliver (a caller's).
+_starts: dict[asyncio.AbstractEventLoop, _Batch] = {}
+_deliveries: dict[asyncio.AbstractEventLoop, _Batch] = {}
+
+
+def _crossing(loop: asyncio.AbstractEventLoop, caller: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Future:
+    """What ``run_coroutine_threadsafe`` and ``asyncio.wrap_future`` do for
+    a call awaited at once on another loop, with a wake of each loop per
+    batch of calls rather than two concurrent futures, their locks and a
+    wake per call: the coroutine becomes a task on tinker's loop in the
+    caller's context; its outcome (result, exception, cancellation) is set
+    on a future of the caller's loop; the caller's cancelling that future
+    cancels the task (or, not started yet, it never starts)."""
+    crossed[0] += 1
+    waiter = caller.create_future()
+    ticket = _Ticket(loop, coro, waiter, _batch(_deliveries, caller, _deliver))
+    waiter.add_done_callback(functools.partial(_on_waiter_done, ticket))
+    try:
+        _batch(_starts, loop, _start).put(ticket)
+    except RuntimeError:  # tinker's loop is closed: as run_coroutine_threadsafe
+        coro.close()
+        raise
+    return waiter
+
+
+def _start(ticket: _Ticket) -> None:
+    """On tinker's loop: the call's task."""
+    coro, context, ticket.coro, ticket.context = ticket.coro, ticket.context, None, None
+    if ticket.cancelled:
+        coro.close()
+        return
+    task = ticket.task = ticket.loop.create_task(coro, context=context)
+    task.add_done_callback(functools.partial(_finished, ticket))
+
+
+def _finished(ticket: _Ticket, task: asyncio.Task) -> None:
+    """On tinker's loop: the outcome goes back to the caller's loop (none
+    when it is closed: no one awaits there, as ``wrap_future``'s chain)."""
+    try:
+        ticket.back.put(ticket)
+    except RuntimeError:
+        pass
+
+
+def _deliver(ticket: _Ticket) -> None:
+    """On the caller's loop: the task's outcome, set on what it awaits."""
+    waiter, task = ticket.waiter, ticket.task
+    if waiter.done() or task is None:
+        return
+    if task.cancelled():
+        waiter.cancel()
+    elif (exc := task.exception()) is not None:
+        waiter.set_exception(exc)
+    else:
+        waiter.set_result(task.result())
+
+
+def _on_waiter_done(ticket: _Ticket, waiter: asyncio.Future) -> None:
+    """On the caller's loop: its cancel goes on to tinker's loop."""
+    if waiter.cancelled():
+        try:
+            ticket.loop.call_soon_threadsafe(_cancel, ticket)
+        except RuntimeError:  # tinker's loop is closed
+            pass
+
+
+def _cancel(ticket: _Ticket) -> None:
+    """On tinker's loop: the task cancelled (or, not started yet, never started)."""
+    if ticket.task is not None:
+        ticket.task.cancel()
+    else:
+        ticket.cancelled = True
 
 
 class _dispatch_limit:
@@ -436,8 +617,10 @@ class _Watch:
 # transaction puts it in), not uninstalled since. Ours, wherever a caller
 # or coalesced sampling holds it, runs tinker's ``sample`` otherwise.
 _state = {"active": False}
-# Sample calls run lean in this process (the tests check they were).
+# Sample calls run lean in this process, and of those the ones awaited at
+# once that crossed in batches (the tests check they were).
 calls = [0]
+crossed = [0]
 
 
 def undo() -> None:
