@@ -221,12 +221,16 @@ def render_latency(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
     the last sequence's end), the share of its slot-seconds busy, the
     seconds per step between sampling passes with nothing running or queued
     (the service waiting for the client), polls answered try_again, and how
-    long after a result was ready the poll that took it was answered."""
+    long after a result was ready the poll that took it was answered; and
+    the service's own time a step: its slot-seconds over its slots (the
+    sampling waves, packed) plus its training lane's seconds, what a step
+    would take with a client that costs nothing, beside the step's wall."""
     lines = [
         "What the service saw (its sampler, over each run's steps):",
         "",
-        "| workload | variant | sampler span s | slots busy | sampler idle s / step | try_again | ready -> answered ms (mean) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| workload | variant | sampler span s | slots busy | sampler idle s / step | try_again | ready -> answered ms (mean) "
+        "| service's own time s / step (sampling + training) | step / own time |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, by_variant in results.items():
         for v, runs in by_variant.items():
@@ -240,7 +244,13 @@ def render_latency(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
             idle = med([x["idle_s"] / max(1, len(r["steps"]) - 1) for x, r in zip(seen, runs)])
             tries = med([x["try_again"] for x in seen])
             delay = med([(x["fetch_delay_mean_s"] or 0.0) * 1e3 for x in seen])
-            lines.append(f"| {name} | {v} | {span:,.1f} | {busy:.0%} | {idle:,.2f} | {tries:,.0f} | {delay:,.1f} |")
+            sampling = med([x["busy_slot_s"] / slots / len(r["steps"]) for x, r in zip(seen, runs)])
+            training = med([x.get("train_s", 0.0) / len(r["steps"]) for x, r in zip(seen, runs)])
+            wall = med([s["wall_ms"] / 1e3 for r in runs for s in (r["steps"][1:] or r["steps"])])
+            lines.append(
+                f"| {name} | {v} | {span:,.1f} | {busy:.0%} | {idle:,.2f} | {tries:,.0f} | {delay:,.1f} "
+                f"| {sampling + training:,.2f} ({sampling:,.2f} + {training:,.2f}) | {wall / (sampling + training):.2f}x |"
+            )
     return "\n".join(lines)
 
 

@@ -219,6 +219,7 @@ class Timeline:
         self.held = 0
         self.train_free = 0.0
         # measured
+        self.train_s = 0.0  # the training lane's seconds (forward_backward, optim_step)
         self.first = self.last = None  # type: float | None
         self.busy = 0.0  # slot-seconds sampling
         self.starved = 0.0  # slot-seconds free with nothing queued
@@ -272,6 +273,7 @@ class Timeline:
 
     def train(self, rid: str, seconds: float) -> None:
         now = time.monotonic()
+        self.train_s += seconds
         self.train_free = max(now, self.train_free) + seconds
         self.pending.add(rid)
         asyncio.get_running_loop().call_later(self.train_free - now, self._ready, rid)
@@ -295,6 +297,7 @@ class Timeline:
             "spec": vars(self.latency),
             "sampler_span_s": span,
             "busy_slot_s": self.busy,
+            "train_s": self.train_s,
             "starved_slot_s": self.starved,
             "idle_s": self.idle,
             "fetched": len(delays),

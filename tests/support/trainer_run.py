@@ -28,6 +28,10 @@ several) and its result in OUT.json (a list with several):
                 a user's hook on the step function
                 (do_train_step_and_get_sampling_client) or the loop
                 (do_sync_training) put there before install(), which keeps it
+  VARIANT/no-crossing
+                VARIANT with the sample path's calls awaited at once taken to
+                tinker's loop as tinker takes them (run_coroutine_threadsafe,
+                tinker's future, wrap_future) rather than in batches
   VARIANT/guard-only (after those)
                 the loop does not end the step around a step function that is
                 not the collector's, so with /user-step only the guard bounds memory
@@ -148,6 +152,7 @@ def _rss_reader():
 
 
 GUARD_ONLY = "/guard-only"
+NO_CROSSING = "/no-crossing"
 USER_WRAPPERS = {"/user-step": "do_train_step_and_get_sampling_client", "/user-loop": "do_sync_training"}
 
 
@@ -285,6 +290,11 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
     # alone, with /user-step).
     guard_only = variant.endswith(GUARD_ONLY)
     variant = variant.removesuffix(GUARD_ONLY)
+    if variant.endswith(NO_CROSSING):
+        from tinker_rl_data.tinker import sample_path
+
+        variant = variant.removesuffix(NO_CROSSING)
+        sample_path._awaited_at_once = lambda frame: False  # (a fresh process per run)
     user_undo = []
     for suffix, name in USER_WRAPPERS.items():
         if variant.endswith(suffix):
