@@ -30,6 +30,7 @@ this path too).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import subprocess
@@ -99,6 +100,61 @@ def test_a_held_future_is_tinkers_and_may_be_blocked_on_inside_the_loop(tmp_path
     assert installed["lean_calls"] == CASES["held"]["n"] and installed["crossed"] == 0, installed
     assert installed["outcomes"] == stock["outcomes"]
     assert installed["held_types"] == stock["held_types"] == ["_AwaitableFutureCompatWrapper"] * CASES["held"]["n"]
+
+
+def test_the_crossing_delivers_each_outcome_and_the_callers_cancel():
+    # The mechanism alone, two loops in this process: results in a batch
+    # in their callers' order, an exception, a caller's cancel reaching the
+    # task, a task factory's refusal reaching the caller (as
+    # run_coroutine_threadsafe's callback sets it on the future).
+    import threading
+
+    from tinker_rl_data.tinker import sample_path as sampling
+
+    tinker_loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=tinker_loop.run_forever, daemon=True)
+    thread.start()
+    started, cancelled = threading.Event(), threading.Event()
+
+    async def value(x):
+        await asyncio.sleep(0.001)
+        assert asyncio.get_running_loop() is tinker_loop
+        return x
+
+    async def fails():
+        raise KeyError("k")
+
+    async def long():
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    def refuse(loop, coro, **kwargs):
+        raise RuntimeError("no task here")
+
+    async def main():
+        caller = asyncio.get_running_loop()
+        crossing = functools.partial(sampling._crossing, tinker_loop, caller)
+        assert await asyncio.gather(*(crossing(value(i)) for i in range(200))) == list(range(200))
+        with pytest.raises(KeyError):
+            await crossing(fails())
+        waiter = crossing(long())
+        assert await caller.run_in_executor(None, started.wait, 10)
+        waiter.cancel()
+        assert await caller.run_in_executor(None, cancelled.wait, 10)
+        tinker_loop.call_soon_threadsafe(tinker_loop.set_task_factory, refuse)
+        with pytest.raises(RuntimeError, match="no task here"):
+            await crossing(value(1))
+
+    try:
+        asyncio.run(main())
+    finally:
+        tinker_loop.call_soon_threadsafe(tinker_loop.stop)
+        thread.join(10)
+        tinker_loop.close()
 
 
 @pytest.mark.parametrize("transport", [True, False])

@@ -61,10 +61,10 @@ wrapped one, warns and keeps tinker's).
 from __future__ import annotations
 
 import asyncio
-import functools
-import hashlib
 import contextvars
 import dis
+import functools
+import hashlib
 import inspect
 import sys
 import threading
@@ -416,9 +416,13 @@ class _Batch:
     def _drain(self) -> None:
         with self.lock:
             items, self.items = self.items, []
-        for item in items:
+        for i, item in enumerate(items):
             try:
                 self.run(item)
+            except (SystemExit, KeyboardInterrupt):  # as asyncio's handles: raised, the rest still run
+                for rest in items[i + 1 :]:
+                    self.put(rest)
+                raise
             except BaseException as exc:  # one item's failure is not the others'
                 self.loop.call_exception_handler({"message": "sample call crossing", "exception": exc})
 
@@ -438,7 +442,7 @@ class _Ticket:
     loop starts it, then its task; the future its caller awaits and the
     batch its outcome goes back by."""
 
-    __slots__ = ("loop", "coro", "context", "waiter", "back", "task", "cancelled")
+    __slots__ = ("loop", "coro", "context", "waiter", "back", "task", "error", "cancelled")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, coro: Any, waiter: asyncio.Future, back: _Batch) -> None:
         self.loop = loop
@@ -447,6 +451,7 @@ class _Ticket:
         self.waiter = waiter
         self.back = back
         self.task: asyncio.Task | None = None
+        self.error: BaseException | None = None  # the task could not be made
         self.cancelled = False
 
 
@@ -481,11 +486,19 @@ def _start(ticket: _Ticket) -> None:
     if ticket.cancelled:
         coro.close()
         return
-    task = ticket.task = ticket.loop.create_task(coro, context=context)
+    try:
+        task = ticket.task = ticket.loop.create_task(coro, context=context)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # (a task factory's) the caller gets it, as run_coroutine_threadsafe's
+        ticket.error = exc
+        coro.close()
+        _finished(ticket, None)
+        raise
     task.add_done_callback(functools.partial(_finished, ticket))
 
 
-def _finished(ticket: _Ticket, task: asyncio.Task) -> None:
+def _finished(ticket: _Ticket, task: asyncio.Task | None) -> None:
     """On tinker's loop: the outcome goes back to the caller's loop (none
     when it is closed: no one awaits there, as ``wrap_future``'s chain)."""
     try:
@@ -497,9 +510,12 @@ def _finished(ticket: _Ticket, task: asyncio.Task) -> None:
 def _deliver(ticket: _Ticket) -> None:
     """On the caller's loop: the task's outcome, set on what it awaits."""
     waiter, task = ticket.waiter, ticket.task
-    if waiter.done() or task is None:
+    if waiter.done():
         return
-    if task.cancelled():
+    if task is None:
+        if ticket.error is not None:
+            waiter.set_exception(ticket.error)
+    elif task.cancelled():
         waiter.cancel()
     elif (exc := task.exception()) is not None:
         waiter.set_exception(exc)
