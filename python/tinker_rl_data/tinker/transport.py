@@ -460,9 +460,14 @@ async def _route(client: Any, path: str, options: Any) -> tuple[_Lane, _Template
     return None if template is None else (lane, template)
 
 
+# httpx's encoding of ``json=``: ``json.dumps`` with these options makes
+# this encoder anew per call.
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def _httpx_json(data: Any) -> bytes:
     """What httpx sends for ``json=data``."""
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return _JSON.encode(data).encode("utf-8")
 
 
 async def _send(
