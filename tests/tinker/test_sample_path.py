@@ -157,6 +157,27 @@ def test_the_crossing_delivers_each_outcome_and_the_callers_cancel():
         tinker_loop.close()
 
 
+FORK_CHECK = """
+import asyncio, os
+from tinker_rl_data.tinker import sample_path as sampling
+loop = asyncio.new_event_loop()
+sampling._batch(sampling._deliveries, loop, sampling._deliver)
+pid = os.fork()
+if pid == 0:  # the child: its exit code says what it found
+    os._exit(0 if not sampling._deliveries and not sampling._starts else 3)
+_, status = os.waitpid(pid, 0)
+assert loop in sampling._deliveries  # the parent's are its own
+raise SystemExit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_keeps_none_of_the_parents_batches():
+    # In a fresh single-threaded process (a fork of a process with threads warns).
+    proc = subprocess.run([sys.executable, "-c", FORK_CHECK], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+
+
 @pytest.mark.parametrize("transport", [True, False])
 def test_coalesced_sampling_takes_the_lean_path_only_with_the_transport_row(transport, tmp_path):
     variant = "coalesce+transport" if transport else "coalesce"

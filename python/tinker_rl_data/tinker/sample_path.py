@@ -66,6 +66,7 @@ import dis
 import functools
 import hashlib
 import inspect
+import os
 import sys
 import threading
 import time
@@ -458,6 +459,16 @@ class _Ticket:
 # Per loop: its batch of calls to start (tinker's), of outcomes to deliver (a caller's).
 _starts: dict[asyncio.AbstractEventLoop, _Batch] = {}
 _deliveries: dict[asyncio.AbstractEventLoop, _Batch] = {}
+
+
+def _forget_batches() -> None:
+    """In a forked child: the parent's loops do not run here, and a batch's
+    lock may have been held by one of its threads at the fork."""
+    _starts.clear()
+    _deliveries.clear()
+
+
+os.register_at_fork(after_in_child=_forget_batches)
 
 
 def _crossing(loop: asyncio.AbstractEventLoop, caller: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Future:
