@@ -215,6 +215,25 @@ def render(results: dict[str, dict[str, list[dict[str, Any]]]], checks: dict[str
     return "\n".join(lines)
 
 
+def render_threads(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    """Where each variant's client CPU went a step (medians over steps
+    after each run's first): per thread (the caller's loop is MainThread,
+    tinker's loop thread runs ``_background_thread_func``, pyqwest's native
+    threads are tokio-rt-worker), and the kernel's part of all of them."""
+    lines = ["Client CPU a step by thread, ms (medians after each run's first step; kernel: the system part of all threads):", ""]
+    for name, by_variant in results.items():
+        for v, runs in by_variant.items():
+            steps = [s for r in runs for s in r["steps"][1:] if "threads_cpu_s" in s]
+            if not steps:
+                continue
+            names = list(dict.fromkeys(t for s in steps for t in s["threads_cpu_s"]))
+            per = {t: med([s["threads_cpu_s"].get(t, 0.0) * 1e3 for s in steps]) for t in names}
+            shown = ", ".join(f"{t} {ms:,.0f}" for t, ms in sorted(per.items(), key=lambda kv: -kv[1]) if ms >= 1)
+            kernel = med([s["system_cpu_s"] * 1e3 for s in steps])
+            lines.append(f"- {name} {v}: {shown}; kernel {kernel:,.0f}")
+    return "\n".join(lines)
+
+
 def render_latency(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
     """With --latency, what the service saw (fake_tinker's `Timeline`), per
     variant, medians over runs: its sampler's span (first sample request to
@@ -395,6 +414,7 @@ def main() -> None:
                     walls = ", ".join(f"{s['wall_ms']:,.0f}" for s in r["steps"])
                     print(f"{name} {v} run {run}: steps {walls} ms; {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)
     table = render(results, checks, args)
+    table += "\n\n" + render_threads(results)
     if args.latency:
         table += "\n\n" + render_latency(results)
     if args.soak:

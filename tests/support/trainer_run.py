@@ -32,6 +32,12 @@ several) and its result in OUT.json (a list with several):
                 VARIANT with the sample path's calls awaited at once taken to
                 tinker's loop as tinker takes them (run_coroutine_threadsafe,
                 tinker's future, wrap_future) rather than in batches
+  VARIANT/no-wire
+                VARIANT with tinker's SamplingClient.sample answered in this
+                process, no request sent (the draws the fake service would
+                make, tinker's decode of them); the CPU of making and decoding
+                them is left out of the step's: what the step costs the client
+                besides its samples' wire (the floor's caller side)
   VARIANT/guard-only (after those)
                 the loop does not end the step around a step function that is
                 not the collector's, so with /user-step only the guard bounds memory
@@ -73,6 +79,8 @@ from typing import Any, Callable
 
 if __name__ == "__main__":  # run as a script: `support` is imported from tests/
     sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from support.thread_cpu import thread_cpu, thread_groups  # noqa: E402
 
 MODEL = "fake/model-8b"
 # A variant's suffix: the same, with huge pages for large outputs off
@@ -122,13 +130,15 @@ class Probe:
     def mark(self, name: str) -> None:
         import resource
 
-        now = (time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+        cpu = time.process_time() - LOCAL_SAMPLER_CPU[0]
+        now = (time.perf_counter(), cpu, resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
         if name == "step_start":
             self.current = {"gc_ms": 0.0, "gc_full_ms": 0.0, "collections": [0, 0, 0], "marks": {}}
             self.current["rss_start_mb"] = self._rss() / 2**20
             self.current["maxrss_start_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             self._rss_peak = 0
             self.steps.append(self.current)
+            self._threads = (thread_cpu(), os.times())
         if self.current is not None:
             self.current["marks"][name] = now
         if name == "step_end" and self.current is not None:
@@ -138,6 +148,11 @@ class Probe:
             self.current["rss_mb"] = self._rss() / 2**20
             self.current["rss_peak_mb"] = max(self._rss_peak, self._rss()) / 2**20
             self.current["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            # Where the step's CPU went: per thread (the caller's loop,
+            # tinker's loop thread, pyqwest's native ones) and the kernel's part.
+            threads, times = self._threads
+            self.current["threads_cpu_s"] = thread_groups(threads, thread_cpu())
+            self.current["system_cpu_s"] = os.times().system - times.system
             self.current = None
 
 
@@ -153,6 +168,42 @@ def _rss_reader():
 
 GUARD_ONLY = "/guard-only"
 NO_CROSSING = "/no-crossing"
+NO_WIRE = "/no-wire"
+# A /no-wire run's local sampler: the process CPU spent in it (left out of
+# the steps'), and the sequences it answered.
+LOCAL_SAMPLER_CPU = [0.0]
+LOCAL_SAMPLES = [0]
+
+
+def local_sampler(seed: int) -> Callable[[], None]:
+    """tinker's ``SamplingClient.sample`` answered in this process: each
+    call's draws as the fake service's (:class:`support.fake_tinker.Service`:
+    its prompt key, its draws, its proto answer), decoded by tinker, on a
+    future of the caller's loop done at once. The thread CPU spent in it is
+    added to LOCAL_SAMPLER_CPU. Returns the undo."""
+    import asyncio
+
+    import tinker
+    from support.fake_tinker import Service
+    from tinker.proto.response_conv import deserialize_proto_response
+
+    service = Service(seed, None)
+    original = vars(tinker.SamplingClient)["sample"]
+
+    def sample(self, prompt, num_samples, sampling_params, *args, **kwargs):
+        start = time.thread_time()
+        params = {"max_tokens": sampling_params.max_tokens, "temperature": sampling_params.temperature}
+        key, max_tokens, _ = service._sample_key({"prompt": {"chunks": [{"tokens": prompt.to_ints()}]}, "sampling_params": params})
+        draws = service._draws(key, num_samples, take=True)
+        response = deserialize_proto_response(service.sample_response(key, tuple(draws), max_tokens), tinker.SampleResponse)
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(response)
+        LOCAL_SAMPLES[0] += num_samples
+        LOCAL_SAMPLER_CPU[0] += time.thread_time() - start
+        return future
+
+    tinker.SamplingClient.sample = sample
+    return lambda: setattr(tinker.SamplingClient, "sample", original)
 USER_WRAPPERS = {"/user-step": "do_train_step_and_get_sampling_client", "/user-loop": "do_sync_training"}
 
 
@@ -296,6 +347,8 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
         variant = variant.removesuffix(NO_CROSSING)
         sample_path._awaited_at_once = lambda frame: False  # (a fresh process per run)
     user_undo = []
+    no_wire = variant.endswith(NO_WIRE)
+    variant = variant.removesuffix(NO_WIRE)
     for suffix, name in USER_WRAPPERS.items():
         if variant.endswith(suffix):
             variant = variant.removesuffix(suffix)
@@ -323,6 +376,8 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
         else:
             tinker_rl_data.cookbook.install(gc=False, kl=args.install_kl)
 
+    if no_wire:  # after install(): ours stands aside for the local sampler
+        user_undo.append(local_sampler(args.seed))
     inner_train_step = train.do_train_step_and_get_sampling_client
 
     async def train_step(*a, **kw):
@@ -438,6 +493,8 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
                 "rss_peak_mb": s["rss_peak_mb"],
                 "maxrss_start_mb": s["maxrss_start_mb"],  # the process's peak so far
                 "maxrss_mb": s["maxrss_mb"],
+                "threads_cpu_s": s["threads_cpu_s"],
+                "system_cpu_s": s["system_cpu_s"],
             }
         )
     out = {
@@ -452,7 +509,8 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
         "python": sys.version.split()[0],
         "collector": None if collector is None else vars(collector.stats),
         "coalesced": coalesced_counts(),
-        "requests": fake.requests,  # per path, with --record: the fake service's tally
+        # per path, with --record: the fake service's tally (/no-wire: the local sampler's samples)
+        "requests": {**(fake.requests or {}), "samples": LOCAL_SAMPLES[0]} if no_wire else fake.requests,
         "error": error,
         "garbage_peak_nodes": Counted.peak,
         "installed": [] if variant == "stock" else [t for t, _ in tinker_rl_data.status().installed],
