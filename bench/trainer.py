@@ -68,6 +68,9 @@ Modes users run (each applies to every variant of the invocation):
                 sequences at once, the rest queued; forward_backward and
                 optim_step 50 ms each; a poll of a future not ready held until
                 it is): the table gains what the service saw
+  --tls         the fake service over HTTPS, HTTP/2 by ALPN, as the real
+                service is reached (plain HTTP/1.1 otherwise: a connection for
+                each request in flight)
   --client-config JSON
                 the flags the fake service's /api/v1/client/config answers
                 (fields of tinker's ClientConfigResponse, e.g.
@@ -330,6 +333,8 @@ def describe_mode(args: argparse.Namespace) -> str:
         parts.append(f"service latency {args.latency}")
     if args.client_config:
         parts.append(f"client config {args.client_config}")
+    if args.tls:
+        parts.append("HTTPS/HTTP2")
     return ", ".join(parts) or "sync, defaults"
 
 

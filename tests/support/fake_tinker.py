@@ -728,7 +728,7 @@ class Service:
     def retrieve_futures(self, body: bytes) -> tuple[int, str, bytes, dict[str, Any]]:
         """A session's poll: its completions after `prev_cursor` at once, or
         (none, and not `timeout: 0`) held until one comes or the hold ends
-        (`HttpProtocol._hold_poll`: the latency model's `hold`, else 30 s as
+        (`hold`: the latency model's `hold`, else 30 s as
         tinker's service holds it)."""
         name = "/api/v1/retrieve_futures"
         req = json.loads(body)
@@ -820,6 +820,69 @@ REASONS = {
 }
 
 
+def hold(
+    service: Service, how: dict[str, Any], method: str, name: str, body: bytes,
+    respond: Callable[[int, str, bytes], None],
+) -> bool:
+    """Whether the answer is held (the latency model's long polls), to be
+    given later by ``respond(status, content type, body)``: a poll of a
+    sample future not ready (``how["hold"]``: its result once ready, or
+    try_again after the model's `hold` seconds), a session's poll with
+    nothing new (``how["poll"]``: its completions once one comes, or empty
+    after its seconds)."""
+    if "hold" in how:
+        _hold_future(service, how["hold"], method, body, respond)
+        return True
+    if "poll" in how:
+        _hold_session_poll(service, name, *how["poll"], respond)
+        return True
+    return False
+
+
+def _hold_future(service: Service, rid: str, method: str, body: bytes, respond: Callable[[int, str, bytes], None]) -> None:
+    timeline = service.timeline
+    assert timeline is not None
+    timeline.held += 1
+    done = False
+
+    def answer(ready: bool) -> None:
+        nonlocal done
+        if done:
+            return
+        done = True
+        timeline.held -= 1
+        if ready:
+            status, ctype, out = service.answer(method, "/api/v1/retrieve_future", body)
+        else:
+            timeline.try_agains += 1
+            status, ctype, out = service._json({"type": "try_again", "request_id": rid, "queue_state": "active"})
+        if status == 200:
+            service._count("/api/v1/retrieve_future", "answered")
+        respond(status, ctype, out)
+
+    timeline.waiters.setdefault(rid, []).append(lambda: answer(True))
+    asyncio.get_running_loop().call_later(timeline.latency.hold, answer, False)
+
+
+def _hold_session_poll(
+    service: Service, name: str, queue: Completions, prev: int, seconds: float, respond: Callable[[int, str, bytes], None]
+) -> None:
+    done = False
+
+    def answer() -> None:
+        nonlocal done
+        if done:
+            return
+        done = True
+        if answer in queue.waiters:
+            queue.waiters.remove(answer)
+        service._count(name, "answered")
+        respond(*service.poll_answer(queue, prev))
+
+    queue.waiters.append(answer)
+    asyncio.get_running_loop().call_later(seconds, answer)
+
+
 class HttpProtocol(asyncio.Protocol):
     """HTTP/1.1 with keep-alive and Content-Length bodies (what httpx and
     pyqwest send)."""
@@ -871,11 +934,7 @@ class HttpProtocol(asyncio.Protocol):
                 print(f"fake_tinker: {method} {path}: {exc!r}", file=sys.stderr, flush=True)
                 status, ctype, out, how = 500, "application/json", json.dumps({"error": repr(exc)}).encode(), {}
             assert self.transport is not None
-            if "hold" in how:  # a long poll: answered when its future is ready, or try_again
-                self._hold(how["hold"], method, path, body)
-                continue
-            if "poll" in how:  # a session's long poll: answered when a completion comes, or empty
-                self._hold_poll(name, *how["poll"])
+            if hold(self.service, how, method, name, body, self._respond):
                 continue
             if how.get("close"):  # a closed connection, or a lost answer
                 self.transport.close()
@@ -903,54 +962,11 @@ class HttpProtocol(asyncio.Protocol):
             return "httpx"
         return "pyqwest" if names and all(n == n.lower() for n in names) else "other"
 
-    def _hold_poll(self, name: str, queue: Completions, prev: int, seconds: float) -> None:
-        """Holds a retrieve_futures poll with nothing new: answered with the
-        completions after ``prev`` once one comes, or empty after ``seconds``."""
-        service = self.service
-        done = False
-
-        def answer() -> None:
-            nonlocal done
-            if done:
-                return
-            done = True
-            if answer in queue.waiters:
-                queue.waiters.remove(answer)
-            service._count(name, "answered")
-            self._write(self._reply(*service.poll_answer(queue, prev)))
-
-        queue.waiters.append(answer)
-        asyncio.get_running_loop().call_later(seconds, answer)
+    def _respond(self, status: int, ctype: str, out: bytes) -> None:
+        self._write(self._reply(status, ctype, out))
 
     def _reply(self, status: int, ctype: str, out: bytes) -> bytes:
         return f"HTTP/1.1 {status} {REASONS[status]}\r\ncontent-type: {ctype}\r\ncontent-length: {len(out)}\r\n\r\n".encode() + out
-
-    def _hold(self, rid: str, method: str, path: str, body: bytes) -> None:
-        """Holds a poll of a future not ready: answered with its result once
-        it is, or try_again after the latency model's `hold` seconds."""
-        service = self.service
-        timeline = service.timeline
-        assert timeline is not None
-        timeline.held += 1
-        done = False
-
-        def answer(ready: bool) -> None:
-            nonlocal done
-            if done:
-                return
-            done = True
-            timeline.held -= 1
-            if ready:
-                status, ctype, out = service.answer(method, "/api/v1/retrieve_future", body)
-            else:
-                timeline.try_agains += 1
-                status, ctype, out = service._json({"type": "try_again", "request_id": rid, "queue_state": "active"})
-            if status == 200:
-                service._count("/api/v1/retrieve_future", "answered")
-            self._write(self._reply(status, ctype, out))
-
-        timeline.waiters.setdefault(rid, []).append(lambda: answer(True))
-        asyncio.get_running_loop().call_later(timeline.latency.hold, answer, False)
 
     def _write(self, reply: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -984,7 +1000,23 @@ async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    server = await loop.create_server(lambda: HttpProtocol(service), "127.0.0.1", args.port, backlog=1024)
+    if args.tls:  # HTTPS, HTTP/2 by ALPN (HTTP/1.1 for a client offering nothing else), as the real service
+        import ssl
+
+        if "support" not in sys.modules:  # run as a script: the package beside it, this module as its own
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            sys.modules["support.fake_tinker"] = sys.modules[__name__]
+        from support.h2_service import H2Connection
+
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(Path(args.tls) / "server.pem", Path(args.tls) / "server.key")
+        context.set_alpn_protocols(["h2", "http/1.1"])
+        live: set[Any] = set()
+        server = await loop.create_server(
+            lambda: H2Connection(service, live), "127.0.0.1", args.port, backlog=1024, ssl=context
+        )
+    else:
+        server = await loop.create_server(lambda: HttpProtocol(service), "127.0.0.1", args.port, backlog=1024)
     port = server.sockets[0].getsockname()[1]
     print(f"port {port}", flush=True)
     deadline = time.monotonic() + args.timeout
@@ -1029,6 +1061,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=3600.0, help="exit after this many seconds")
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is no longer the parent")
     p.add_argument("--capture", default=None, help="append every request received to this file (JSON lines)")
+    p.add_argument("--tls", default=None, help="serve HTTPS (HTTP/2 by ALPN) with DIR/server.pem and DIR/server.key")
     p.add_argument(
         "--client-config", default=None,
         help="the flags /api/v1/client/config answers, as JSON (fields of tinker's ClientConfigResponse)",
@@ -1039,12 +1072,19 @@ def main() -> None:
 class FakeTinker:
     """Starts the fake service in a child process; `base_url` once entered;
     with `record`, `requests` (`Service.tally_json`) once exited.
-    `client_config`: the flags its `/api/v1/client/config` answers."""
+    `client_config`: the flags its `/api/v1/client/config` answers. With
+    `tls`, HTTPS with HTTP/2 by ALPN, as the real service is reached
+    (:mod:`support.h2_service`'s connections; its self-signed certificate
+    trusted through ``SSL_CERT_FILE`` in this process while entered)."""
 
     def __init__(
         self, seed: int = 0, record: Path | str | None = None, timeout: float = 3600.0, faults: str | None = None,
         capture: Path | str | None = None, latency: str | None = None, client_config: dict[str, Any] | None = None,
+        tls: bool = False,
     ) -> None:
+        self.tls = tls
+        self._tls_dir: Any = None
+        self._cert_env: str | None = None
         self.seed, self.record, self.timeout, self.faults = seed, record, timeout, faults
         self.latency = latency  # a `Latency` SPEC: the service takes time
         self.client_config = client_config
@@ -1067,13 +1107,24 @@ class FakeTinker:
             cmd += ["--capture", str(self.capture)]
         if self.client_config:
             cmd += ["--client-config", json.dumps(self.client_config)]
+        if self.tls:
+            import tempfile
+
+            from .h2_service import make_certificate
+
+            self._tls_dir = tempfile.TemporaryDirectory(prefix="fake-tinker-tls-")
+            make_certificate(Path(self._tls_dir.name))
+            cmd += ["--tls", self._tls_dir.name]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("port "):
             self.proc.kill()
             raise RuntimeError(f"fake tinker did not start: {line!r}")
-        self.base_url = f"http://127.0.0.1:{int(line.split()[1])}"
+        self.base_url = f"{'https' if self.tls else 'http'}://127.0.0.1:{int(line.split()[1])}"
+        if self._tls_dir is not None:
+            self._cert_env = os.environ.get("SSL_CERT_FILE")
+            os.environ["SSL_CERT_FILE"] = str(Path(self._tls_dir.name) / "server.pem")  # read by tinker's transports when made
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -1091,6 +1142,13 @@ class FakeTinker:
                 self.proc.wait()
             if self.record is not None and (Path(self.record) / "requests.json").exists():
                 self.requests = json.loads((Path(self.record) / "requests.json").read_text())
+        if self._tls_dir is not None:
+            if self._cert_env is None:
+                os.environ.pop("SSL_CERT_FILE", None)
+            else:
+                os.environ["SSL_CERT_FILE"] = self._cert_env
+            self._tls_dir.cleanup()
+            self._tls_dir = None
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import h2.connection
 import h2.events
 import h2.exceptions
 
-from .fake_tinker import HttpProtocol, Service
+from .fake_tinker import HttpProtocol, Service, hold
 
 
 @dataclass(frozen=True)
@@ -121,38 +121,43 @@ class H2Connection(asyncio.Protocol):
     def _answer(self, stream_id: int, headers: list[tuple[str, str]], body: bytearray) -> None:
         fields = dict(headers)
         method, path = fields[":method"], fields[":path"]
+        name = path.split("?", 1)[0]
         raw = bytes(body)
         if self.service.on_request is not None:
             self.service.on_request(method, path, headers, raw, "HTTP/2")
+        self.service._count(name, "sender:HTTP/2")  # (over HTTP/1.1, the client that wrote it)
         if fields.get("content-encoding") == "zstd":
             import zstandard
 
+            self.service._count(name, "compressed")
             raw = zstandard.ZstdDecompressor().decompress(raw)
         try:
             status, ctype, out, how = self.service.handle(method, path, raw)
         except Exception as exc:  # a bug here must show, not hang the client
             print(f"h2_service: {method} {path}: {exc!r}", file=sys.stderr, flush=True)
             status, ctype, out, how = 500, "application/json", json.dumps({"error": repr(exc)}).encode(), {}
-        if how.get("close"):  # a closed connection, or a lost answer
-            assert self.transport is not None
-            self.transport.close()
-            return
-        reply = [(":status", str(status)), ("content-type", ctype), *how.get("headers", {}).items()]
-        reply.append(("content-length", str(len(out))))
 
-        def send() -> None:
-            if stream_id not in self.conn.streams:  # reset meanwhile
-                return
+        def respond(status: int, ctype: str, out: bytes, extra: dict[str, str] | None = None) -> None:
+            if stream_id not in self.conn.streams or self.transport is None or self.transport.is_closing():
+                return  # reset or closed meanwhile
+            reply = [(":status", str(status)), ("content-type", ctype), *(extra or {}).items()]
+            reply.append(("content-length", str(len(out))))
             self.conn.send_headers(stream_id, reply, end_stream=not out)
             if out:
                 self.outgoing[stream_id] = memoryview(out)
                 self._send_waiting()
             self._flush()
 
+        if hold(self.service, how, method, name, raw, respond):  # the latency model's long polls
+            return
+        if how.get("close"):  # a closed connection, or a lost answer
+            assert self.transport is not None
+            self.transport.close()
+            return
         if how.get("delay"):
-            asyncio.get_running_loop().call_later(how["delay"], send)
+            asyncio.get_running_loop().call_later(how["delay"], respond, status, ctype, out, how.get("headers"))
         else:
-            send()
+            respond(status, ctype, out, how.get("headers"))
 
     def _send_waiting(self) -> None:
         """As much of each waiting answer as the peer's windows allow."""

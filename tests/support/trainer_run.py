@@ -45,6 +45,10 @@ several) and its result in OUT.json (a list with several):
                 VARIANT with rollout_error_tolerance FailFast, RetryOnFailure,
                 MinViableGroup (as --tolerance, per variant)
 
+With --tls the fake service is reached over HTTPS, HTTP/2 chosen by ALPN
+(one connection carries the run's requests, as with the real service;
+over plain HTTP/1.1 each request in flight holds a connection of its own).
+
 With --client-config JSON the fake service answers tinker's client config
 with those flags (:class:`support.fake_tinker.FakeTinker`'s ``client_config``:
 ``{"sample_use_retrieve_futures": true}``, ``{"use_pyqwest_transport": false}``, ...)
@@ -435,7 +439,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
         )
     with tempfile.TemporaryDirectory() as log_path, FakeTinker(
         seed=args.seed, record=record, faults=faults, latency=args.latency,
-        client_config=json.loads(args.client_config) if args.client_config else None,
+        client_config=json.loads(args.client_config) if args.client_config else None, tls=args.tls,
     ) as fake:
         executor = make_executor(args.executor)
         config = train.Config(
@@ -521,7 +525,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
         "workers_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         "mode": {"executor": args.executor, "async": args.async_, "stream_minibatch": args.stream_minibatch,
                  "batch_scale": args.batch_scale, "garbage": args.garbage,
-                 "latency": args.latency, "client_config": args.client_config},
+                 "latency": args.latency, "client_config": args.client_config, "tls": args.tls},
     }
     logging.getLogger("tinker_rl_data").removeHandler(left_handler)
     return out
@@ -598,6 +602,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         help="the flags the fake service's /api/v1/client/config answers, as JSON (fields of tinker's "
         "ClientConfigResponse, e.g. '{\"sample_use_retrieve_futures\": true}')",
     )
+    p.add_argument("--tls", action="store_true",
+                   help="the fake service over HTTPS, HTTP/2 by ALPN, as the real service is reached")
     p.add_argument("--tolerance", choices=("failfast", "retry", "minviable"), default=None,
                    help="rollout_error_tolerance: FailFast, RetryOnFailure, MinViableGroup (default: the cookbook's)")
     p.add_argument("--rollout-timeout", type=float, default=None, help="per_rollout_timeout of --tolerance")
@@ -623,6 +629,7 @@ def run_flags(args: argparse.Namespace) -> list[str]:
     out += ["--faults", args.faults] if args.faults else []
     out += ["--latency", args.latency] if args.latency else []
     out += ["--client-config", args.client_config] if args.client_config else []
+    out += ["--tls"] if args.tls else []
     out += ["--tolerance", args.tolerance] if args.tolerance else []
     out += ["--rollout-timeout", str(args.rollout_timeout)] if args.rollout_timeout else []
     out += ["--soak"] if args.soak else []
