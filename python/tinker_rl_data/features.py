@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from . import switches
 from .patch.feature import Feature, Option, selected
 from .patch.report import Report
 
-__all__ = ["ORDER", "chosen", "declared", "options", "piece_table", "register", "signature", "switch_table"]
+__all__ = [
+    "ORDER", "chosen", "declared", "options", "piece_table", "provide_worker_counters", "register", "signature",
+    "switch_table", "worker_counters",
+]
 
 #: Every feature's name, in the report's order.
 ORDER = ("wire", "transport", "data", "step", "kl", "gc", "coalesce", "workers")
@@ -49,6 +52,23 @@ def register(module: str, feature: Feature) -> Feature:
     if holder != module:
         raise ValueError(f"feature {feature.name!r} is declared by both {holder} and {module}")
     return feature
+
+
+# Where rollout workers' counters come from (``cookbook.workers`` provides
+# them as it is imported; a status line reads them through this module).
+_worker_counters: list[Callable[[], Mapping[str, float]]] = []
+
+
+def provide_worker_counters(provider: Callable[[], Mapping[str, float]]) -> None:
+    """``provider()``: the rollout workers' counters, summed over them."""
+    _worker_counters[:] = [provider]
+
+
+def worker_counters() -> Mapping[str, float]:
+    """What rollout workers carried back with their results, summed over
+    them (``cookbook.workers.ADDITIVE``), for a feature's status line that
+    counts the whole run: empty where no rollout ran in a worker."""
+    return _worker_counters[0]() if _worker_counters else {}
 
 
 def declared() -> tuple[Feature, ...]:

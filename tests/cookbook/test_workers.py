@@ -32,6 +32,7 @@ import functools
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -547,6 +548,25 @@ def check_pool_run(runs: dict[str, tuple]) -> None:
 
 def test_spawn_pool(tmp_path):
     check_pool_run(run_trainer(tmp_path, ["stock", "installed+gc"], "--executor", "process:2"))
+
+
+def test_the_driver_s_status_counts_the_sample_requests_its_workers_made(tmp_path):
+    """With the rollouts in workers, their sample requests are made there:
+    the driver's status counts them as the service did (without coalescing,
+    what it would have sent; with it, the calls it merged)."""
+    runs = run_trainer(tmp_path, ["installed+gc", "installed+coalesce"], "--executor", "process:2", "--shared-prompt")
+    plain, coalesced = runs["installed+gc"][2], runs["installed+coalesce"][2]
+    sent = plain["requests"]["paths"]["/api/v1/asample"]["answered"]
+    sent_coalesced = coalesced["requests"]["paths"]["/api/v1/asample"]["answered"]
+    assert 0 < sent_coalesced < sent
+    hint = [line.strip() for line in plain["status"].splitlines() if "coalesced sampling would have sent" in line]
+    assert len(hint) == 1, plain["status"]
+    assert hint[0].startswith(f"sampling: of {sent} requests of one sample, {sent - sent_coalesced} went out"), hint
+    assert f"would have sent about {sent_coalesced} of them" in hint[0], hint
+    merged = re.search(r"coalesced sampling: (\d+) calls sent as (\d+) requests", coalesced["status"])
+    assert merged is not None, coalesced["status"]
+    calls, requests = map(int, merged.groups())
+    assert calls > requests > 0 and sent - (calls - requests) == sent_coalesced, (calls, requests, sent, sent_coalesced)
 
 
 def test_ray_executor(tmp_path):

@@ -128,6 +128,8 @@ class Probe:
         ms = (time.perf_counter() - self._gc_start) * 1e3
         bucket["gc_ms"] += ms
         bucket["collections"][info["generation"]] += 1
+        by_generation = bucket.setdefault("gc_ms_by_generation", [0.0, 0.0, 0.0])
+        by_generation[info["generation"]] += ms
         if info["generation"] == 2:
             bucket["gc_full_ms"] = bucket.get("gc_full_ms", 0.0) + ms
 
@@ -491,6 +493,7 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
                 "gc_ms": s["gc_ms"],
                 "gc_full_ms": s["gc_full_ms"],
                 "collections": s["collections"],
+                "gc_ms_by_generation": s.get("gc_ms_by_generation", [0.0, 0.0, 0.0]),
                 "rss_mb": s["rss_mb"],
                 "garbage_alive": s["garbage_alive"],
                 "rss_start_mb": s["rss_start_mb"],

@@ -478,7 +478,7 @@ def test_status_says_nothing_of_coalescing_where_no_prompt_repeats():
     for i in range(5):
         prompt = types.ModelInput.from_ints([9, i])
         counter.note(types.SampleRequest(sampling_session_id="s", seq_id=i, num_samples=1, prompt=prompt, sampling_params=params), parts)
-    assert counter.counts() == {"single_sample_requests": 5, "coalescing_would_send": 5}
+    assert counter.counts() == {"single_sample_requests": 5, "coalescing_would_send": 5, "sample_requests_capped": 0}
     # Requests coalescing leaves alone (a seed, several samples) are not counted.
     prompt = types.ModelInput.from_ints([9, 0])
     for request in (
@@ -486,7 +486,7 @@ def test_status_says_nothing_of_coalescing_where_no_prompt_repeats():
         types.SampleRequest(sampling_session_id="s", seq_id=9, num_samples=1, prompt=prompt, sampling_params=types.SamplingParams(max_tokens=8, seed=3)),
     ):
         counter.note(request, parts)
-    assert counter.counts() == {"single_sample_requests": 5, "coalescing_would_send": 5}
+    assert counter.counts() == {"single_sample_requests": 5, "coalescing_would_send": 5, "sample_requests_capped": 0}
 
 
 def test_the_coalescing_estimate_counts_requests_made_together_and_only_the_first():
@@ -504,11 +504,12 @@ def test_the_coalescing_estimate_counts_requests_made_together_and_only_the_firs
     counter.note(request, parts)
     time.sleep(0.05)  # awaited one after the other: coalescing would not merge them
     counter.note(request, parts)
-    assert counter.counts() == {"single_sample_requests": 2, "coalescing_would_send": 2}
+    assert counter.counts() == {"single_sample_requests": 2, "coalescing_would_send": 2, "sample_requests_capped": 0}
     counter.note(request, parts)  # at once after the last: one request
-    assert counter.counts() == {"single_sample_requests": 3, "coalescing_would_send": 2}
+    assert counter.counts() == {"single_sample_requests": 3, "coalescing_would_send": 2, "sample_requests_capped": 0}
     counter.OBSERVED = 5
     for _ in range(10):
         counter.note(request, parts)
     assert counter.counts()["single_sample_requests"] == 5
+    assert counter.counts()["sample_requests_capped"] == 1  # the line then says "the first"
     assert all(type(key) is int for key in counter.runs)  # hashes, not the prompts' bytes

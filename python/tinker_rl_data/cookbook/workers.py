@@ -520,6 +520,9 @@ ADDITIVE = (
     "gc_young_collections",
     "merged_calls",
     "merged_requests",
+    "single_sample_requests",
+    "coalescing_would_send",
+    "sample_requests_capped",
 )
 
 
@@ -685,6 +688,9 @@ def totals() -> dict[str, Any]:
             "left": dict(_totals.left),
             "counters": dict(_totals.counters),
         }
+
+
+features.provide_worker_counters(lambda: totals()["counters"])
 
 
 def reset() -> None:

@@ -518,8 +518,10 @@ PIECES = (
 
 def status() -> list[str]:
     """The feature's report line while installed."""
-    merged = counts()
-    return [f"coalesced sampling: {merged.get('merged_calls', 0)} calls sent as {merged.get('merged_requests', 0)} requests"]
+    merged, workers = counts(), features.worker_counters()  # this process's calls and its rollout workers'
+    calls = merged.get("merged_calls", 0) + workers.get("merged_calls", 0)
+    requests = merged.get("merged_requests", 0) + workers.get("merged_requests", 0)
+    return [f"coalesced sampling: {calls} calls sent as {requests} requests"]
 
 
 class _WorkerCounts(WorkerPart):

@@ -19,5 +19,6 @@ FEATURE = features.register(
         "tinker's request bytes",
         (*forward_backward.PIECES, *sample.PIECES),
         status=sample.coalescing_hint,  # the sample bodies it makes say what coalescing would save
+        worker=sample.worker_started,  # and a rollout worker's bodies too
     ),
 )

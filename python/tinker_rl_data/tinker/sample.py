@@ -31,7 +31,8 @@ import time
 from types import SimpleNamespace
 from typing import Any, Callable, List, Optional, Sequence, Union
 
-from .. import _core
+from .. import _core, features
+from ..patch.feature import WorkerPart, WorkerStart
 from ..patch.piece import Piece, ProbeFailed, check, outcome, same_outcome
 
 __all__ = ["PIECES", "encode_sample_request", "make_model_dump", "probe_sample_body"]
@@ -133,23 +134,43 @@ class Mergeable:
 
     def counts(self) -> dict[str, int]:
         with self.lock:
-            return {"single_sample_requests": self.requests, "coalescing_would_send": self.requests - self.joined}
+            return {
+                "single_sample_requests": self.requests,
+                "coalescing_would_send": self.requests - self.joined,
+                "sample_requests_capped": int(self.requests >= self.OBSERVED),  # it read no more
+            }
 
 
 #: What this process's ``asample`` bodies say coalescing would save.
 MERGEABLE = Mergeable()
+
+
+class _WorkerCounts(WorkerPart):
+    """In a rollout worker: :data:`MERGEABLE`'s counts, carried back with
+    each result (the driver's status line adds them to its own)."""
+
+    def counters(self) -> dict[str, int]:
+        return MERGEABLE.counts()
+
+
+def worker_started(start: WorkerStart) -> WorkerPart:
+    """The wire feature's ``worker`` hook."""
+    return _WorkerCounts()
 _probing = threading.local()
 
 
 def coalescing_hint() -> list[str]:
     """The wire feature's report line: where requests of one sample with
     the same prompt and parameters went out together (a group's first turn)
-    and coalesced sampling would have sent fewer, how many."""
-    counts = MERGEABLE.counts()
-    sent, would = counts["single_sample_requests"], counts["coalescing_would_send"]
+    and coalesced sampling would have sent fewer, how many (this process's
+    requests and its rollout workers')."""
+    counts, workers = MERGEABLE.counts(), features.worker_counters()
+    sent = counts["single_sample_requests"] + workers.get("single_sample_requests", 0)
+    would = counts["coalescing_would_send"] + workers.get("coalescing_would_send", 0)
     if would >= sent:
         return []
-    first = "" if sent < Mergeable.OBSERVED else "the first "
+    capped = counts["sample_requests_capped"] + workers.get("sample_requests_capped", 0)
+    first = "the first " if capped else ""
     return [
         f"sampling: of {first}{sent} requests of one sample, {sent - would} went out with the prompt and "
         f"parameters of another: coalesced sampling would have sent about {would} of them "
