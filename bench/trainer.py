@@ -233,7 +233,8 @@ def render_threads(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
             per = {t: med([s["threads_cpu_s"].get(t, 0.0) * 1e3 for s in steps]) for t in names}
             shown = ", ".join(f"{t} {ms:,.0f}" for t, ms in sorted(per.items(), key=lambda kv: -kv[1]) if ms >= 1)
             kernel = med([s["system_cpu_s"] * 1e3 for s in steps])
-            lines.append(f"- {name} {v}: {shown}; kernel {kernel:,.0f}")
+            aside = " (MainThread and kernel include the local sampler, left out of the client CPU)" if "/no-wire" in v else ""
+            lines.append(f"- {name} {v}: {shown}; kernel {kernel:,.0f}{aside}")
     return "\n".join(lines)
 
 

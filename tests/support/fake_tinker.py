@@ -419,7 +419,7 @@ class Service:
         entry = self.tally.setdefault(path, {"received": 0, "retried": 0, "answered": 0, "faults": {}})
         if what in ("received", "retried", "answered"):
             entry[what] += n
-        elif what in ("compressed", "acknowledged", "sample_fetches", "sample_polls"):  # see the callers
+        elif what in ("compressed", "acknowledged", "sample_fetches", "sample_polls", "held"):  # see the callers
             entry[what] = entry.get(what, 0) + n
         elif what.startswith("sender:"):  # which client sent it (HttpProtocol.sender)
             senders = entry.setdefault("senders", {})
@@ -822,24 +822,31 @@ REASONS = {
 
 def hold(
     service: Service, how: dict[str, Any], method: str, name: str, body: bytes,
-    respond: Callable[[int, str, bytes], None],
+    respond: Callable[[int, str, bytes], None], alive: Callable[[], bool] = lambda: True,
 ) -> bool:
     """Whether the answer is held (the latency model's long polls), to be
     given later by ``respond(status, content type, body)``: a poll of a
     sample future not ready (``how["hold"]``: its result once ready, or
     try_again after the model's `hold` seconds), a session's poll with
     nothing new (``how["poll"]``: its completions once one comes, or empty
-    after its seconds)."""
+    after its seconds). A poll no longer ``alive()`` when its answer comes
+    (an HTTP/2 stream the client reset) is dropped, its future left to the
+    client's next poll. Counted per path as ``held``."""
     if "hold" in how:
-        _hold_future(service, how["hold"], method, body, respond)
+        service._count("/api/v1/retrieve_future", "held")
+        _hold_future(service, how["hold"], method, body, respond, alive)
         return True
     if "poll" in how:
-        _hold_session_poll(service, name, *how["poll"], respond)
+        service._count(name, "held")
+        _hold_session_poll(service, name, *how["poll"], respond, alive)
         return True
     return False
 
 
-def _hold_future(service: Service, rid: str, method: str, body: bytes, respond: Callable[[int, str, bytes], None]) -> None:
+def _hold_future(
+    service: Service, rid: str, method: str, body: bytes, respond: Callable[[int, str, bytes], None],
+    alive: Callable[[], bool],
+) -> None:
     timeline = service.timeline
     assert timeline is not None
     timeline.held += 1
@@ -851,6 +858,8 @@ def _hold_future(service: Service, rid: str, method: str, body: bytes, respond: 
             return
         done = True
         timeline.held -= 1
+        if not alive():
+            return
         if ready:
             status, ctype, out = service.answer(method, "/api/v1/retrieve_future", body)
         else:
@@ -865,7 +874,8 @@ def _hold_future(service: Service, rid: str, method: str, body: bytes, respond: 
 
 
 def _hold_session_poll(
-    service: Service, name: str, queue: Completions, prev: int, seconds: float, respond: Callable[[int, str, bytes], None]
+    service: Service, name: str, queue: Completions, prev: int, seconds: float, respond: Callable[[int, str, bytes], None],
+    alive: Callable[[], bool],
 ) -> None:
     done = False
 
@@ -876,6 +886,8 @@ def _hold_session_poll(
         done = True
         if answer in queue.waiters:
             queue.waiters.remove(answer)
+        if not alive():
+            return
         service._count(name, "answered")
         respond(*service.poll_answer(queue, prev))
 
@@ -1084,7 +1096,7 @@ class FakeTinker:
     ) -> None:
         self.tls = tls
         self._tls_dir: Any = None
-        self._cert_env: str | None = None
+        self._cert_env: tuple[str | None] | None = None
         self.seed, self.record, self.timeout, self.faults = seed, record, timeout, faults
         self.latency = latency  # a `Latency` SPEC: the service takes time
         self.client_config = client_config
@@ -1113,21 +1125,46 @@ class FakeTinker:
             from .h2_service import make_certificate
 
             self._tls_dir = tempfile.TemporaryDirectory(prefix="fake-tinker-tls-")
-            make_certificate(Path(self._tls_dir.name))
+            try:
+                make_certificate(Path(self._tls_dir.name))
+            except BaseException:
+                self._drop_tls()
+                raise
             cmd += ["--tls", self._tls_dir.name]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("port "):
             self.proc.kill()
+            self.proc.wait()
+            self._drop_tls()
             raise RuntimeError(f"fake tinker did not start: {line!r}")
         self.base_url = f"{'https' if self.tls else 'http'}://127.0.0.1:{int(line.split()[1])}"
         if self._tls_dir is not None:
-            self._cert_env = os.environ.get("SSL_CERT_FILE")
+            self._cert_env = (os.environ.get("SSL_CERT_FILE"),)  # as it was, to put back
             os.environ["SSL_CERT_FILE"] = str(Path(self._tls_dir.name) / "server.pem")  # read by tinker's transports when made
         return self
 
+    def _drop_tls(self) -> None:
+        """The certificate's directory removed, ``SSL_CERT_FILE`` as it was."""
+        if self._tls_dir is None:
+            return
+        if self._cert_env is not None:  # set by __enter__
+            (before,) = self._cert_env
+            if before is None:
+                os.environ.pop("SSL_CERT_FILE", None)
+            else:
+                os.environ["SSL_CERT_FILE"] = before
+        self._tls_dir.cleanup()
+        self._tls_dir = self._cert_env = None
+
     def __exit__(self, *exc: object) -> None:
+        try:
+            self._stop()
+        finally:
+            self._drop_tls()
+
+    def _stop(self) -> None:
         if self.proc is not None:
             try:
                 fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -1142,13 +1179,6 @@ class FakeTinker:
                 self.proc.wait()
             if self.record is not None and (Path(self.record) / "requests.json").exists():
                 self.requests = json.loads((Path(self.record) / "requests.json").read_text())
-        if self._tls_dir is not None:
-            if self._cert_env is None:
-                os.environ.pop("SSL_CERT_FILE", None)
-            else:
-                os.environ["SSL_CERT_FILE"] = self._cert_env
-            self._tls_dir.cleanup()
-            self._tls_dir = None
 
 
 if __name__ == "__main__":

@@ -137,18 +137,27 @@ class H2Connection(asyncio.Protocol):
             print(f"h2_service: {method} {path}: {exc!r}", file=sys.stderr, flush=True)
             status, ctype, out, how = 500, "application/json", json.dumps({"error": repr(exc)}).encode(), {}
 
+        def alive() -> bool:
+            """The stream still open for an answer (h2 keeps a stream the
+            client reset, closed, until a new one prunes it)."""
+            stream = self.conn.streams.get(stream_id)
+            return stream is not None and not stream.closed and self.transport is not None and not self.transport.is_closing()
+
         def respond(status: int, ctype: str, out: bytes, extra: dict[str, str] | None = None) -> None:
-            if stream_id not in self.conn.streams or self.transport is None or self.transport.is_closing():
+            if not alive():
                 return  # reset or closed meanwhile
             reply = [(":status", str(status)), ("content-type", ctype), *(extra or {}).items()]
             reply.append(("content-length", str(len(out))))
-            self.conn.send_headers(stream_id, reply, end_stream=not out)
+            try:
+                self.conn.send_headers(stream_id, reply, end_stream=not out)
+            except h2.exceptions.StreamClosedError:
+                return
             if out:
                 self.outgoing[stream_id] = memoryview(out)
                 self._send_waiting()
             self._flush()
 
-        if hold(self.service, how, method, name, raw, respond):  # the latency model's long polls
+        if hold(self.service, how, method, name, raw, respond, alive):  # the latency model's long polls
             return
         if how.get("close"):  # a closed connection, or a lost answer
             assert self.transport is not None

@@ -195,6 +195,7 @@ def local_sampler(seed: int) -> Callable[[], None]:
 
     service = Service(seed, None)
     original = vars(tinker.SamplingClient)["sample"]
+    LOCAL_SAMPLER_CPU[0], LOCAL_SAMPLES[0] = 0.0, 0  # this run's
 
     def sample(self, prompt, num_samples, sampling_params, *args, **kwargs):
         start = time.thread_time()
@@ -355,10 +356,14 @@ def run_variant(args, variant, record, probe, logged, train, FakeTinker, faults=
     user_undo = []
     no_wire = variant.endswith(NO_WIRE)
     variant = variant.removesuffix(NO_WIRE)
+    if no_wire and args.executor:
+        raise SystemExit("/no-wire answers the driver's samples: its rollout workers' would still go over the wire")
     for suffix, name in USER_WRAPPERS.items():
         if variant.endswith(suffix):
             variant = variant.removesuffix(suffix)
             user_undo.append(user_wrapper(train, name))
+    if "/" in variant:  # a suffix out of the order they are read in (see the module's docstring)
+        raise SystemExit(f"variant {label!r}: {variant[variant.index('/'):]!r} is not a suffix here")
     if variant != "stock":  # installed, installed+gc, installed+gc:key=value,...
         import tinker_rl_data.cookbook
         from tinker_rl_data.cookbook import gc_step as _gc_step

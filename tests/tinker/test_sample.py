@@ -513,3 +513,35 @@ def test_the_coalescing_estimate_counts_requests_made_together_and_only_the_firs
     assert counter.counts()["single_sample_requests"] == 5
     assert counter.counts()["sample_requests_capped"] == 1  # the line then says "the first"
     assert all(type(key) is int for key in counter.runs)  # hashes, not the prompts' bytes
+
+
+FORK_COUNTS = """
+import os, sys, threading
+from tinker_rl_data.tinker import coalesce, sample
+from tinker_rl_data.tinker.sample import MERGEABLE
+
+MERGEABLE.requests, MERGEABLE.joined, MERGEABLE.runs = 40, 30, {1: (0.0, 40)}
+with coalesce._counts_lock:
+    coalesce._counts["merged_calls"], coalesce._counts["merged_requests"] = 8, 2
+MERGEABLE.lock.acquire()  # held at the fork (by another thread, say)
+pid = os.fork()
+if pid == 0:  # a rollout worker of a fork-started pool: its counts are its own
+    ok = MERGEABLE.counts()["single_sample_requests"] == 0 and coalesce.counts()["merged_calls"] == 0
+    os._exit(0 if ok else 3)
+MERGEABLE.lock.release()
+_, status = os.waitpid(pid, 0)
+assert MERGEABLE.counts()["single_sample_requests"] == 40  # the parent's kept
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_reports_none_of_the_parents_sample_requests():
+    # A fork-started worker pool's child carries its counts back to the
+    # parent with its results: the parent's own must not be among them (and
+    # a lock held at the fork must not hang the child). In a fresh
+    # single-threaded process (a fork of a process with threads warns).
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", FORK_COUNTS], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])

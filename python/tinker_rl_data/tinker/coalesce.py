@@ -65,6 +65,7 @@ import contextvars
 import dataclasses
 import functools
 import inspect
+import os
 import threading
 from concurrent.futures import CancelledError, Future, InvalidStateError, as_completed, wait
 from typing import Any, Callable
@@ -113,6 +114,20 @@ def reset_counts() -> None:
     with _counts_lock:
         for k in _counts:
             _counts[k] = 0
+
+
+def _forget_counts() -> None:
+    """In a forked child (a rollout worker of a fork-started pool): the
+    parent's merges are not the child's to report (its results would carry
+    them back to the parent again), and the lock may have been held at the
+    fork."""
+    global _counts_lock
+    _counts_lock = threading.Lock()
+    for k in _counts:
+        _counts[k] = 0
+
+
+os.register_at_fork(after_in_child=_forget_counts)
 
 
 def make_sample(original: Callable[..., Any], max_merge: int = MAX_MERGE) -> Callable[..., Any]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import threading
 import time
 from types import SimpleNamespace
@@ -141,8 +142,19 @@ class Mergeable:
             }
 
 
+    def forget(self) -> None:
+        """In a forked child (a rollout worker of a fork-started pool): the
+        parent's requests are not the child's to report (its results would
+        carry them back to the parent again), and the lock may have been
+        held at the fork."""
+        self.lock = threading.Lock()
+        self.requests = self.joined = 0
+        self.runs = {}
+
+
 #: What this process's ``asample`` bodies say coalescing would save.
 MERGEABLE = Mergeable()
+os.register_at_fork(after_in_child=MERGEABLE.forget)
 
 
 class _WorkerCounts(WorkerPart):
