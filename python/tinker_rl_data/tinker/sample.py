@@ -141,7 +141,6 @@ class Mergeable:
                 "sample_requests_capped": int(self.requests >= self.OBSERVED),  # it read no more
             }
 
-
     def forget(self) -> None:
         """In a forked child (a rollout worker of a fork-started pool): the
         parent's requests are not the child's to report (its results would
@@ -168,6 +167,8 @@ class _WorkerCounts(WorkerPart):
 def worker_started(start: WorkerStart) -> WorkerPart:
     """The wire feature's ``worker`` hook."""
     return _WorkerCounts()
+
+
 _probing = threading.local()
 
 
